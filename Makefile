@@ -1,0 +1,34 @@
+# sandlot: `make run` starts a server; `make test` runs the whole test suite.
+VENV     ?= .venv
+PY       := $(VENV)/bin/python
+SANDLOT  := $(VENV)/bin/sandlot
+DATA_DIR ?= /var/lib/sandlot
+CONFIG   ?= $(DATA_DIR)/config.toml
+PYTEST_ARGS ?=
+
+.PHONY: deps run image test bench lint clean
+
+deps:
+	@scripts/install-deps.sh
+
+image: deps
+	@$(SANDLOT) image build base --data-dir $(DATA_DIR) --if-missing
+
+run: image
+	@test -f $(CONFIG) || $(SANDLOT) init-config $(CONFIG)
+	@echo "API key: see api_key in $(CONFIG)"
+	$(SANDLOT) serve --config $(CONFIG) --data-dir $(DATA_DIR)
+
+test: deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: deps
+	SANDLOT_WITH_DOCKER=1 scripts/install-deps.sh
+	$(PY) -m bench
+
+lint: deps
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy src
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what sandlot needs on a Debian/Ubuntu host (as root) and the Python venv.
+# Idempotent and quick when everything is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+APT_PACKAGES=(runc skopeo umoci debootstrap docker-registry nftables iproute2 procps psmisc
+              ca-certificates util-linux tmux)
+if [ "${SANDLOT_WITH_DOCKER:-0}" = 1 ]; then APT_PACKAGES+=(docker.io); fi
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then echo "need root to apt-get install: ${missing[*]}" >&2; exit 1; fi
+  echo "apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.sandlot-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q -e '.[test]'
+  touch "$stamp"
+fi

@@ -1,0 +1,3 @@
+from sandlot.cli.main import main
+
+main()

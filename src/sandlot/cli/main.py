@@ -1,0 +1,93 @@
+"""The ``sandlot`` command: serve, init-config, image management and the execd daemon."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from pathlib import Path
+
+import click
+
+from sandlot import __version__
+from sandlot.config import CONFIG_TEMPLATE, Config
+
+
+def load_config(config_file: Path | None, data_dir: Path | None) -> Config:
+    cfg = Config.load(config_file)
+    if data_dir is not None:
+        cfg.data_dir = data_dir
+    return cfg
+
+
+@click.group()
+@click.version_option(__version__, prog_name="sandlot")
+def main() -> None:
+    """sandlot: sandboxes for AI agents, compatible with OpenSandbox."""
+
+
+@main.command()
+@click.option("--config", "config_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--host", help="Address to listen on (default from config: 127.0.0.1).")
+@click.option("--port", type=int, help="Port to listen on (default from config: 8080).")
+@click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option(
+    "--insecure-no-auth",
+    is_flag=True,
+    help="Run without an API key. Only allowed on loopback addresses.",
+)
+def serve(
+    config_file: Path | None,
+    host: str | None,
+    port: int | None,
+    data_dir: Path | None,
+    insecure_no_auth: bool,
+) -> None:
+    """Run the lifecycle server."""
+    from sandlot.server.main import run_server
+
+    cfg = load_config(config_file, data_dir)
+    if host:
+        cfg.server.host = host
+    if port:
+        cfg.server.port = port
+    if insecure_no_auth:
+        cfg.server.insecure_no_auth = True
+    sys.exit(run_server(cfg))
+
+
+@main.command("init-config")
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+def init_config(file: Path, force: bool) -> None:
+    """Write a commented config file with a fresh random API key."""
+    if file.exists() and not force:
+        raise click.ClickException(f"{file} exists; use --force to overwrite it")
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(CONFIG_TEMPLATE.replace("{api_key}", secrets.token_urlsafe(32)))
+    file.chmod(0o600)
+    click.echo(f"wrote {file}")
+
+
+@main.command(
+    "execd",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    add_help_option=False,
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def execd(args: tuple[str, ...]) -> None:
+    """Run the in-sandbox execution daemon (see `sandlot execd --help`)."""
+    from sandlot.execd.main import main as execd_main
+
+    sys.exit(execd_main(list(args)))
+
+
+def _register_image_commands() -> None:
+    from sandlot.cli.image import image
+
+    main.add_command(image)
+
+
+_register_image_commands()
+
+if __name__ == "__main__":
+    main()

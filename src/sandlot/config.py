@@ -1,0 +1,108 @@
+"""sandlot's configuration: one TOML file, accepting the OpenSandbox server keys that apply.
+
+The reference server's keys (``[server] host/port/api_key/max_sandbox_timeout_seconds``,
+``[runtime] type``) mean the same here; everything else is sandlot's own and documented in
+``docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_DATA_DIR = Path("/var/lib/sandlot")
+API_KEY_ENV = "OPENSANDBOX_SERVER_API_KEY"
+
+
+class _Section(BaseModel):
+    # Unknown keys are tolerated so that an OpenSandbox server config file loads unchanged.
+    model_config = ConfigDict(extra="ignore")
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    max_sandbox_timeout_seconds: int | None = None
+    # Host name or address put into direct endpoints handed to clients.
+    endpoint_host: str = "127.0.0.1"
+    insecure_no_auth: bool = False
+
+
+class RuntimeConfig(_Section):
+    type: Literal["oci", "docker", "kubernetes"] = "oci"
+    # OCI runtime binary: runc by default; crun on cgroup-v2-only hosts; runsc for gVisor.
+    oci_binary: str | None = None
+    pids_limit: int = 4096
+    default_image: str = "base"
+
+
+class StoreConfig(_Section):
+    # "sqlite" (file in the data dir) or a SQLAlchemy URL such as postgresql+asyncpg://...
+    url: str | None = None
+
+
+class ImagesConfig(_Section):
+    # Registries reached over plain HTTP (e.g. a test registry on loopback).
+    insecure_registries: list[str] = Field(default_factory=list)
+
+
+class ExecdConfig(_Section):
+    port: int = 44772
+
+
+class Config(_Section):
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    images: ImagesConfig = Field(default_factory=ImagesConfig)
+    execd: ExecdConfig = Field(default_factory=ExecdConfig)
+    data_dir: Path = DEFAULT_DATA_DIR
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> Config:
+        """Read ``path`` (if given), then apply the environment's API key."""
+        raw: dict = {}
+        if path is not None:
+            with open(path, "rb") as fh:
+                raw = tomllib.load(fh)
+        cfg = cls.model_validate(raw)
+        env_key = os.environ.get(API_KEY_ENV)
+        if env_key and not cfg.server.api_key:
+            cfg.server.api_key = env_key
+        return cfg
+
+    @property
+    def store_url(self) -> str:
+        return self.store.url or f"sqlite+aiosqlite:///{self.data_dir / 'sandlot.db'}"
+
+
+CONFIG_TEMPLATE = """\
+# sandlot configuration. Keys in [server] and [runtime] mean what they mean in OpenSandbox.
+data_dir = "/var/lib/sandlot"
+
+[server]
+host = "127.0.0.1"
+port = 8080
+# Clients send it in the OPEN-SANDBOX-API-KEY header. May also come from
+# the OPENSANDBOX_SERVER_API_KEY environment variable.
+api_key = "{api_key}"
+# Longest lifetime a create request may ask for (omit for no limit).
+max_sandbox_timeout_seconds = 86400
+
+[runtime]
+type = "oci"          # oci (no daemon needed) | docker
+# oci_binary = "runc" # runc, crun or runsc
+pids_limit = 4096
+default_image = "base"
+
+[store]
+# url = "postgresql+asyncpg://user:pass@127.0.0.1/sandlot"   # default: SQLite in data_dir
+
+[images]
+insecure_registries = []
+"""
