@@ -1,0 +1,24 @@
+"""Code contexts on real Jupyter kernels (and a native Node.js context), as an execd extension."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from .service import CodeService
+from .settings import CodeSettings
+
+__all__ = ["CodeService", "CodeSettings", "build_extension"]
+
+
+def build_extension(execd_settings: Any = None) -> CodeService:
+    """The extension execd mounts; new contexts start in execd's working directory by default."""
+    settings = CodeSettings.from_env()
+    workdir = getattr(execd_settings, "workdir", None)
+    if not settings.default_cwd and workdir and "SANDLOT_CODE_CWD" not in os.environ:
+        settings = dataclasses.replace(settings, default_cwd=str(workdir))
+    keepalive = getattr(execd_settings, "keepalive_interval", None)
+    if keepalive and "SANDLOT_CODE_KEEPALIVE" not in os.environ:
+        settings = dataclasses.replace(settings, keepalive=float(keepalive))
+    return CodeService(settings)

@@ -1,0 +1,7 @@
+"""``python -m sandlot.execd``."""
+
+import sys
+
+from sandlot.execd.main import main
+
+sys.exit(main())

@@ -1,0 +1,105 @@
+"""A Jupyter kernel driven directly over ZMQ with jupyter_client (no Jupyter server)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from typing import Any
+
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+
+from .base import Emit, KernelDied, Output
+from .exitwatch import returncode, watch_exit
+
+# How long to wait for an iopub message before checking that the kernel still lives.
+_POLL = 0.5
+
+
+class JupyterKernel:
+    """One kernel process started from a (resolved) kernelspec."""
+
+    def __init__(
+        self,
+        ksm: KernelSpecManager,
+        kernel_name: str,
+        language: str,
+        *,
+        cwd: str | None,
+        env: dict[str, str],
+    ):
+        self.language = language
+        self._km = AsyncKernelManager(kernel_name=kernel_name, kernel_spec_manager=ksm)
+        self._cwd = cwd
+        self._env = env
+        self._kc: Any = None
+        self._exit: asyncio.Future[int] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        proc = getattr(self._km.provisioner, "process", None)
+        return getattr(proc, "pid", None)
+
+    def _returncode(self) -> int | None:
+        proc = getattr(self._km.provisioner, "process", None)
+        polled = proc.poll() if proc is not None else None
+        return returncode(self._exit, polled)
+
+    async def start(self, timeout: float) -> None:
+        await self._km.start_kernel(cwd=self._cwd, env=self._env)
+        self._exit = watch_exit(self.pid)
+        self._kc = self._km.client()
+        self._kc.start_channels()
+        try:
+            await self._kc.wait_for_ready(timeout=timeout)
+        except RuntimeError as exc:
+            await self.shutdown()
+            raise KernelDied(self._returncode()) from exc
+        except BaseException:
+            await self.shutdown()
+            raise
+
+    async def is_alive(self) -> bool:
+        return bool(await self._km.is_alive())
+
+    async def execute(self, code: str, emit: Emit) -> None:
+        kc = self._kc
+        msg_id = kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
+        while True:
+            try:
+                msg = await kc.get_iopub_msg(timeout=_POLL)
+            except queue.Empty:
+                if not await self._km.is_alive():
+                    await asyncio.sleep(0.05)  # let the reaper record the status
+                    raise KernelDied(self._returncode()) from None
+                continue
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind = msg["msg_type"]
+            content = msg["content"]
+            if kind == "stream":
+                emit(Output("stderr" if content.get("name") == "stderr" else "stdout",
+                            text=content.get("text", "")))
+            elif kind in ("execute_result", "display_data"):
+                emit(Output("result", data=dict(content.get("data", {}))))
+            elif kind == "error":
+                emit(Output("error", ename=content.get("ename", ""),
+                            evalue=content.get("evalue", ""),
+                            traceback=list(content.get("traceback", []))))
+            elif kind == "execute_input":
+                emit(Output("count", count=content.get("execution_count")))
+            elif kind == "status" and content.get("execution_state") == "idle":
+                return
+
+    async def interrupt(self) -> None:
+        await self._km.interrupt_kernel()
+
+    async def shutdown(self) -> None:
+        if self._kc is not None:
+            self._kc.stop_channels()
+            self._kc = None
+        try:
+            if self._km.has_kernel:
+                await self._km.shutdown_kernel(now=True)
+        except Exception:  # a dead kernel may refuse a clean shutdown
+            await asyncio.shield(self._km.cleanup_resources(restart=False))

@@ -1,0 +1,73 @@
+"""Telling an out-of-memory kill apart from other kernel deaths, from the kernel's memory cgroup.
+
+The kernel is SIGKILLed by the OOM killer when the sandbox's memory limit is hit; the memory
+cgroup's ``oom_kill`` counter (cgroup v2 ``memory.events``, v1 ``memory.oom_control``) says whether
+that is what happened. Where the counter cannot be read, a SIGKILL is taken as an OOM kill.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def memory_cgroup(pid: int) -> Path | None:
+    """The directory of ``pid``'s memory cgroup (v1 ``memory`` controller or the v2 tree)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    v2: Path | None = None
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            path = CGROUP_ROOT / "memory" / rel.lstrip("/")
+            return path if path.is_dir() else None
+        if controllers == "":
+            candidate = CGROUP_ROOT / rel.lstrip("/")
+            unified = CGROUP_ROOT / "unified" / rel.lstrip("/")
+            for c in (candidate, unified):
+                if (c / "memory.events").exists():
+                    v2 = c
+    return v2
+
+
+def oom_kills(cgroup: Path | None) -> int | None:
+    """How many OOM kills this cgroup has seen; ``None`` when unknown."""
+    if cgroup is None:
+        return None
+    for name in ("memory.events", "memory.oom_control"):
+        try:
+            text = (cgroup / name).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None
+
+
+class OomWatch:
+    """Snapshot a kernel's OOM counter before a run, then judge its death afterwards."""
+
+    def __init__(self, pid: int | None):
+        self._cgroup = memory_cgroup(pid) if pid else None
+        self._before = oom_kills(self._cgroup)
+
+    def was_oom(self, killed_by_sigkill: bool) -> bool:
+        if not killed_by_sigkill:
+            return False
+        after = oom_kills(self._cgroup)
+        if self._before is None or after is None:
+            return True
+        return after > self._before
+
+
+OOM_MESSAGE = (
+    "The code ran out of memory: the kernel was killed for going over the sandbox memory limit. "
+    "Process the data in smaller pieces (chunks, fewer rows or columns, streaming) and try again. "
+    "The context was reset: the next run starts in a fresh kernel, so earlier variables and "
+    "imports are gone."
+)

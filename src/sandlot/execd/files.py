@@ -1,0 +1,587 @@
+"""``/files*`` and ``/directories*``: metadata, delete, chmod/chown, move, glob search,
+text replace, streamed multipart upload, ranged download, listing, mkdir -p, rm -r.
+
+Errors follow the contract's shape: missing path -> 404 ``FILE_NOT_FOUND``, wrong type
+(not a directory / is a directory) -> 400, no permission -> 403 ``PERMISSION_DENIED``.
+Modes travel as octal digits written in decimal (``755`` means ``0o755``).
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import grp
+import os
+import pwd
+import re
+import shutil
+import stat
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
+
+from sandlot.errors import Forbidden, InvalidRequest, NotFound, SandlotError, Unsupported
+from sandlot.execd.http import (
+    JSON,
+    bad_request,
+    expect_object,
+    json_body,
+    ok,
+    query_int,
+    query_paths,
+)
+from sandlot.execd.settings import Settings
+
+CHUNK = 1 << 20
+
+
+# errors -------------------------------------------------------------------------------
+def os_error(exc: OSError, path: str) -> SandlotError:
+    """The contract error for an OSError on ``path``."""
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.ENOENT:
+        return NotFound(f"{path}: no such file or directory", code="FILE_NOT_FOUND")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return Forbidden(f"{path}: {reason}", code="PERMISSION_DENIED")
+    if exc.errno in (
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.ENOTEMPTY,
+        errno.EEXIST,
+        errno.EXDEV,
+        errno.EINVAL,
+    ):
+        return InvalidRequest(f"{path}: {reason}", code="INVALID_PATH")
+    return SandlotError(f"{path}: {reason}", code="RUNTIME_ERROR")
+
+
+def not_found(path: str) -> NotFound:
+    return NotFound(f"{path}: no such file or directory", code="FILE_NOT_FOUND")
+
+
+# conversions --------------------------------------------------------------------------
+def parse_mode(value: Any, *, default: int) -> int:
+    """``755`` / ``"0755"`` (octal digits) -> 0o755; 0/None -> ``default``."""
+    if value is None or value == 0 or value == "":
+        return default
+    text = str(value)
+    if not re.fullmatch(r"0?[0-7]{1,4}", text):
+        raise bad_request(f"mode must be octal digits like 644 or 755, got {value!r}")
+    return int(text, 8)
+
+
+def mode_digits(st_mode: int) -> int:
+    return int(oct(stat.S_IMODE(st_mode))[2:])
+
+
+@lru_cache(maxsize=256)
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+@lru_cache(maxsize=256)
+def group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def resolve_uid(owner: Any) -> int:
+    if isinstance(owner, int) or (isinstance(owner, str) and owner.isdigit()):
+        return int(owner)
+    try:
+        return pwd.getpwnam(str(owner)).pw_uid
+    except KeyError:
+        raise bad_request(f"unknown user {owner!r}") from None
+
+
+def resolve_gid(group: Any) -> int:
+    if isinstance(group, int) or (isinstance(group, str) and group.isdigit()):
+        return int(group)
+    try:
+        return grp.getgrnam(str(group)).gr_gid
+    except KeyError:
+        raise bad_request(f"unknown group {group!r}") from None
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+def entry_type(st_mode: int) -> str:
+    if stat.S_ISLNK(st_mode):
+        return "symlink"
+    if stat.S_ISDIR(st_mode):
+        return "directory"
+    if stat.S_ISREG(st_mode):
+        return "file"
+    return "other"
+
+
+def file_info(path: str, st: os.stat_result | None = None) -> dict[str, Any]:
+    st = st or os.lstat(path)
+    return {
+        "path": path,
+        "type": entry_type(st.st_mode),
+        "size": st.st_size,
+        "modified_at": _iso(st.st_mtime),
+        "created_at": _iso(st.st_ctime),
+        "owner": user_name(st.st_uid),
+        "group": group_name(st.st_gid),
+        "mode": mode_digits(st.st_mode),
+    }
+
+
+def apply_owner(path: str, owner: Any, group: Any) -> None:
+    if not owner and not group:
+        return
+    uid = resolve_uid(owner) if owner else -1
+    gid = resolve_gid(group) if group else -1
+    os.chown(path, uid, gid)
+
+
+# path handling ------------------------------------------------------------------------
+class Paths:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def abs(self, path: str) -> str:
+        if not isinstance(path, str) or not path:
+            raise bad_request("path must be a non-empty string")
+        if "\0" in path:
+            raise bad_request("path must not contain NUL bytes")
+        return os.path.normpath(
+            path if os.path.isabs(path) else os.path.join(self.settings.workdir, path)
+        )
+
+
+# route handlers -----------------------------------------------------------------------
+class FileRoutes:
+    def __init__(self, settings: Settings) -> None:
+        self.paths = Paths(settings)
+
+    async def info(self, request: Request) -> Response:
+        result: dict[str, Any] = {}
+        for raw in query_paths(request):
+            path = self.paths.abs(raw)
+            try:
+                result[raw] = file_info(path, os.stat(path))
+            except OSError as exc:
+                raise os_error(exc, raw) from None
+            result[raw]["path"] = path
+        return JSON(result)
+
+    async def remove_files(self, request: Request) -> Response:
+        for raw in query_paths(request):
+            path = self.paths.abs(raw)
+            try:
+                if stat.S_ISDIR(os.lstat(path).st_mode):
+                    raise InvalidRequest(
+                        f"{raw}: is a directory (use DELETE /directories)", code="INVALID_PATH"
+                    )
+                os.unlink(path)
+            except OSError as exc:
+                raise os_error(exc, raw) from None
+        return ok()
+
+    async def permissions(self, request: Request) -> Response:
+        body = expect_object(await json_body(request))
+        for raw, perm in body.items():
+            path = self.paths.abs(raw)
+            perm = expect_object(perm, f"permission for {raw}")
+            try:
+                os.stat(path)
+                if perm.get("mode") not in (None, ""):
+                    os.chmod(path, parse_mode(perm.get("mode"), default=0o755))
+                apply_owner(path, perm.get("owner"), perm.get("group"))
+            except OSError as exc:
+                raise os_error(exc, raw) from None
+        return ok()
+
+    async def move(self, request: Request) -> Response:
+        body = await json_body(request)
+        if not isinstance(body, list):
+            raise bad_request("request body must be a JSON array of {src, dest}")
+        for item in body:
+            item = expect_object(item, "move item")
+            src, dest = item.get("src"), item.get("dest")
+            if not isinstance(src, str) or not isinstance(dest, str) or not src or not dest:
+                raise bad_request("each move item needs 'src' and 'dest'")
+            s, d = self.paths.abs(src), self.paths.abs(dest)
+            try:
+                os.lstat(s)
+            except OSError as exc:
+                raise os_error(exc, src) from None
+            if not os.path.isdir(os.path.dirname(d) or "/"):
+                raise not_found(os.path.dirname(dest) or "/")
+            try:
+                os.rename(s, d)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise os_error(exc, src) from None
+                try:
+                    shutil.move(s, d)
+                except OSError as exc2:
+                    raise os_error(exc2, src) from None
+        return ok()
+
+    async def search(self, request: Request) -> Response:
+        raw = request.query_params.get("path")
+        if not raw:
+            raise bad_request("missing query parameter 'path'")
+        root = self.paths.abs(raw)
+        pattern = request.query_params.get("pattern") or "**"
+        try:
+            if not stat.S_ISDIR(os.stat(root).st_mode):
+                raise InvalidRequest(f"{raw}: not a directory", code="INVALID_PATH")
+        except OSError as exc:
+            raise os_error(exc, raw) from None
+        matcher = glob_matcher(pattern)
+        results = []
+        for path, st in walk(root, max_depth=None):
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if matcher(os.path.relpath(path, root)):
+                results.append(file_info(path, st))
+        return JSON(results)
+
+    async def replace(self, request: Request) -> Response:
+        verbose = request.query_params.get("verbose", "").lower() in ("1", "true", "yes")
+        body = expect_object(await json_body(request))
+        plan: list[tuple[str, str, str, str]] = []
+        for raw, item in body.items():
+            item = expect_object(item, f"replacement for {raw}")
+            old, new = item.get("old"), item.get("new")
+            if not isinstance(old, str) or not old:
+                raise bad_request(f"{raw}: 'old' must be a non-empty string")
+            if not isinstance(new, str):
+                raise bad_request(f"{raw}: 'new' must be a string")
+            plan.append((raw, self.paths.abs(raw), old, new))
+        counts: dict[str, dict[str, int]] = {}
+        for raw, path, old, new in plan:
+            try:
+                st = os.stat(path)
+                if not stat.S_ISREG(st.st_mode):
+                    raise InvalidRequest(f"{raw}: not a regular file", code="INVALID_PATH")
+                with open(path, "rb") as fh:
+                    data = fh.read()
+                count = data.count(old.encode())
+                if count:
+                    write_atomically(path, data.replace(old.encode(), new.encode()), st)
+            except OSError as exc:
+                raise os_error(exc, raw) from None
+            counts[raw] = {"replacedCount": count}
+        return JSON(counts) if verbose else ok()
+
+    async def upload(self, request: Request) -> Response:
+        from sandlot.execd.upload import receive_upload
+
+        await receive_upload(request, self.paths.abs)
+        return ok()
+
+    async def download(self, request: Request) -> Response:
+        raw = request.query_params.get("path")
+        if not raw:
+            raise bad_request("missing query parameter 'path'")
+        path = self.paths.abs(raw)
+        offset = query_int(request, "offset", minimum=1)
+        limit = query_int(request, "limit", minimum=1)
+        range_header = request.headers.get("range")
+        if (offset is not None or limit is not None) and range_header:
+            raise bad_request("offset/limit and the Range header are mutually exclusive")
+        try:
+            # Opened only to check access; the body generator reopens it, so a response that
+            # is never iterated (client gone) cannot leak a descriptor.
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            st = os.fstat(fd)
+            os.close(fd)
+        except OSError as exc:
+            raise os_error(exc, raw) from None
+        if stat.S_ISDIR(st.st_mode):
+            raise InvalidRequest(f"{raw}: is a directory", code="INVALID_PATH")
+        if offset is not None or limit is not None:
+            return StreamingResponse(
+                _lines(path, offset or 1, limit), media_type="text/plain; charset=utf-8"
+            )
+        size = st.st_size
+        name = os.path.basename(path).replace('"', "")
+        headers = {
+            "Content-Disposition": f'attachment; filename="{name}"',
+            "Accept-Ranges": "bytes",
+            "Last-Modified": _http_date(st.st_mtime),
+        }
+        if range_header:
+            rng = parse_range(range_header, size)
+            if rng is None:
+                return JSON(
+                    {
+                        "code": "RANGE_NOT_SATISFIABLE",
+                        "message": f"range {range_header!r} not satisfiable for size {size}",
+                    },
+                    status_code=416,
+                    headers={"Content-Range": f"bytes */{size}"},
+                )
+            start, end = rng
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+            headers["Content-Length"] = str(end - start)
+            return StreamingResponse(
+                _chunks(path, start, end),
+                status_code=206,
+                media_type="application/octet-stream",
+                headers=headers,
+            )
+        headers["Content-Length"] = str(size)
+        return StreamingResponse(
+            _chunks(path, 0, size), media_type="application/octet-stream", headers=headers
+        )
+
+    async def list_dir(self, request: Request) -> Response:
+        raw = request.query_params.get("path")
+        if not raw:
+            raise bad_request("missing query parameter 'path'")
+        path = self.paths.abs(raw)
+        depth = query_int(request, "depth", minimum=0)
+        depth = 1 if depth is None else depth
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            raise os_error(exc, raw) from None
+        if stat.S_ISLNK(st.st_mode):
+            raise InvalidRequest(
+                f"{raw}: is a symbolic link; pass the real directory", code="INVALID_PATH"
+            )
+        if not stat.S_ISDIR(st.st_mode):
+            raise InvalidRequest(f"{raw}: not a directory", code="INVALID_PATH")
+        try:
+            entries = [file_info(p, s) for p, s in walk(path, max_depth=depth)]
+        except OSError as exc:
+            raise os_error(exc, raw) from None
+        return JSON(entries)
+
+    async def make_dirs(self, request: Request) -> Response:
+        body = expect_object(await json_body(request))
+        for raw, perm in body.items():
+            perm = expect_object(perm or {}, f"permission for {raw}")
+            path = self.paths.abs(raw)
+            mode = parse_mode(perm.get("mode"), default=0o755)
+            try:
+                if os.path.lexists(path) and not os.path.isdir(path):
+                    raise InvalidRequest(
+                        f"{raw}: exists and is not a directory", code="INVALID_PATH"
+                    )
+                os.makedirs(path, exist_ok=True)
+                os.chmod(path, mode)  # makedirs' mode is filtered by the umask
+                apply_owner(path, perm.get("owner"), perm.get("group"))
+            except OSError as exc:
+                raise os_error(exc, raw) from None
+        return ok()
+
+    async def remove_dirs(self, request: Request) -> Response:
+        for raw in query_paths(request):
+            path = self.paths.abs(raw)
+            if path == "/":
+                raise Forbidden("refusing to delete /", code="PERMISSION_DENIED")
+            try:
+                st = os.lstat(path)
+            except OSError as exc:
+                raise os_error(exc, raw) from None
+            if not stat.S_ISDIR(st.st_mode):
+                raise InvalidRequest(
+                    f"{raw}: not a directory (use DELETE /files)", code="INVALID_PATH"
+                )
+            failures: list[OSError] = []
+
+            def collect(_f: Any, _p: str, info: Any, sink: list[OSError] = failures) -> None:
+                sink.append(info[1])
+
+            shutil.rmtree(path, onerror=collect)
+            if failures:
+                raise os_error(failures[0], raw)
+        return ok()
+
+
+def walk(root: str, *, max_depth: int | None) -> Iterator[tuple[str, os.stat_result]]:
+    """Entries under ``root`` depth-first in lexical order; symlinks are not followed."""
+
+    def visit(directory: str, level: int) -> Iterator[tuple[str, os.stat_result]]:
+        try:
+            with os.scandir(directory) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except PermissionError:
+            if level == 1:
+                raise
+            return
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            yield entry.path, st
+            if stat.S_ISDIR(st.st_mode) and (max_depth is None or level < max_depth):
+                yield from visit(entry.path, level + 1)
+
+    if max_depth is not None and max_depth <= 0:
+        return iter(())
+    return visit(root, 1)
+
+
+def glob_matcher(pattern: str) -> Any:
+    """Match a path relative to the search root.
+
+    A pattern without ``/`` matches file names at any depth (``*.py``); one with ``/`` matches
+    the relative path, ``**`` spanning directories.
+    """
+    if "/" not in pattern:
+        if pattern == "**":
+            return lambda rel: True
+        return lambda rel: fnmatch.fnmatchcase(os.path.basename(rel), pattern)
+    regex = re.compile(_glob_to_regex(pattern.lstrip("/")))
+    return lambda rel: regex.fullmatch(rel) is not None
+
+
+def _glob_to_regex(pattern: str) -> str:
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[":
+            j = pattern.find("]", i + 1)
+            if j < 0:
+                out.append(re.escape("["))
+                i += 1
+            else:
+                body = pattern[i + 1 : j].replace("\\", "\\\\")
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append(f"[{body}]")
+                i = j + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return "".join(out)
+
+
+def write_atomically(path: str, data: bytes, st: os.stat_result) -> None:
+    tmp = os.path.join(
+        os.path.dirname(path), f".{os.path.basename(path)}.sandlot-tmp-{os.getpid()}"
+    )
+    fd = os.open(
+        tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, stat.S_IMODE(st.st_mode)
+    )
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fchmod(fd, stat.S_IMODE(st.st_mode))
+        try:
+            os.fchown(fd, st.st_uid, st.st_gid)
+        except PermissionError:
+            pass
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """First range of a ``bytes=`` header as [start, end); None when unsatisfiable."""
+    unit, _, spec = header.partition("=")
+    if unit.strip().lower() != "bytes" or not spec:
+        return None
+    first = spec.split(",")[0].strip()
+    start_s, _, end_s = first.partition("-")
+    try:
+        if start_s == "":
+            n = int(end_s)
+            if n <= 0:
+                return None
+            return max(0, size - n), size
+        start = int(start_s)
+        end = int(end_s) + 1 if end_s else size
+    except ValueError:
+        return None
+    end = min(end, size)
+    if start >= size or start >= end:
+        return None
+    return start, end
+
+
+async def _chunks(path: str, start: int, end: int) -> AsyncIterator[bytes]:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        pos = start
+        while pos < end:
+            block = os.pread(fd, min(CHUNK, end - pos), pos)
+            if not block:
+                break
+            pos += len(block)
+            yield block
+    finally:
+        os.close(fd)
+
+
+async def _lines(path: str, first: int, limit: int | None) -> AsyncIterator[bytes]:
+    with open(path, "rb") as fh:
+        for number, line in enumerate(fh, start=1):
+            if number < first:
+                continue
+            if limit is not None and number >= first + limit:
+                break
+            yield line
+
+
+def _http_date(ts: float) -> str:
+    from email.utils import formatdate
+
+    return formatdate(ts, usegmt=True)
+
+
+async def _identity_unsupported(request: Request) -> Response:
+    raise Unsupported(
+        "file operations with an explicit uid/gid (/v1/filesystem/{uid}/{gid}/...) are not "
+        "supported by this execd; run a command with uid/gid instead"
+    )
+
+
+def file_routes(settings: Settings) -> list[BaseRoute]:
+    r = FileRoutes(settings)
+    return [
+        Route("/files/info", r.info, methods=["GET"]),
+        Route("/files", r.remove_files, methods=["DELETE"]),
+        Route("/files/permissions", r.permissions, methods=["POST"]),
+        Route("/files/mv", r.move, methods=["POST"]),
+        Route("/files/search", r.search, methods=["GET"]),
+        Route("/files/replace", r.replace, methods=["POST"]),
+        Route("/files/upload", r.upload, methods=["POST"]),
+        Route("/files/download", r.download, methods=["GET"]),
+        Route("/directories/list", r.list_dir, methods=["GET"]),
+        Route("/directories", r.make_dirs, methods=["POST"]),
+        Route("/directories", r.remove_dirs, methods=["DELETE"]),
+        Mount(
+            "/v1/filesystem",
+            routes=[
+                Route(
+                    "/{rest:path}", _identity_unsupported, methods=["GET", "POST", "DELETE", "PUT"]
+                )
+            ],
+        ),
+    ]

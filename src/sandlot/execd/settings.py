@@ -1,0 +1,28 @@
+"""Run-time settings of one execd process (from its command line)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def default_workdir() -> str:
+    return "/workspace" if os.path.isdir("/workspace") else "/"
+
+
+@dataclass
+class Settings:
+    token: str | None = None
+    workdir: str = field(default_factory=default_workdir)
+    # Journals and logs of executions; a private temp dir when not given.
+    state_dir: str | None = None
+    keepalive_interval: float = 15.0
+    # DELETE /command: SIGINT, then SIGTERM, then SIGKILL, this many seconds apart.
+    interrupt_grace: float = 3.0
+    # How long a finished execution's events/logs stay readable (resume, /logs).
+    retention_seconds: float = 900.0
+    max_retained: int = 2000
+    # After the main process exits, how long to wait for pipes still held open by
+    # its daemonised descendants before ending the stream.
+    drain_after_exit: float = 0.2
+    metrics_interval: float = 1.0

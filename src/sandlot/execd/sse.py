@@ -1,0 +1,181 @@
+"""Server-Sent Events as the OpenSandbox clients parse them (commands and code execution).
+
+Wire shape (read from the released SDK's ``adapters/sse.py`` + ``converter/event_node.py``):
+each event is one standard SSE frame ``id: <id>\\ndata: <json>\\n\\n`` whose JSON object has
+``type`` (init | status | stdout | stderr | result | error | execution_complete |
+execution_count | ping), ``timestamp`` (Unix ms, required by the SDK) and, per type:
+
+- ``init``: ``text`` = the execution id (the SDK stores it as ``execution.id``)
+- ``stdout`` / ``stderr`` / ``status``: ``text``
+- ``result``: ``results`` = ``{"text/plain": ..., ...}`` plus ``execution_count``
+- ``error``: ``error`` = ``{"ename", "evalue", "traceback": [..]}``; for commands the SDK
+  reads ``int(evalue)`` as the exit code
+- ``execution_complete``: ``execution_time`` (ms)
+- ``execution_count``: ``execution_count``
+
+The JSON never contains a raw newline, so one ``data:`` line per event is enough. Frames may
+be preceded by comment lines (``: keep-alive``) that every SSE parser ignores; they keep idle
+streams open through proxies.
+
+Use::
+
+    from sandlot.execd import sse
+    async def body():
+        yield sse.encode(sse.init_event(exec_id), event_id=1)
+        yield sse.encode(sse.stdout_event("hi\\n"), event_id=2)
+        yield sse.encode(sse.complete_event(12), event_id=3)
+    return sse.sse_response(body(), keepalive_interval=15)
+
+``sse_response`` interleaves keep-alive comments while the body is silent and stops the
+body (``aclose``) when the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+KEEPALIVE: bytes = b": keep-alive\n\n"
+MEDIA_TYPE = "text/event-stream"
+DEFAULT_KEEPALIVE_SECONDS = 15.0
+
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def now_ms() -> int:
+    """Wall-clock Unix time in milliseconds (the events' ``timestamp``)."""
+    return time.time_ns() // 1_000_000
+
+
+def make_event(type_: str, **fields: Any) -> dict[str, Any]:
+    """An event dict with ``type`` and ``timestamp``; ``None`` fields are dropped."""
+    event: dict[str, Any] = {"type": type_, "timestamp": now_ms()}
+    for key, value in fields.items():
+        if value is not None:
+            event[key] = value
+    return event
+
+
+def init_event(execution_id: str) -> dict[str, Any]:
+    return make_event("init", text=execution_id)
+
+
+def stdout_event(text: str) -> dict[str, Any]:
+    return make_event("stdout", text=text)
+
+
+def stderr_event(text: str) -> dict[str, Any]:
+    return make_event("stderr", text=text)
+
+
+def status_event(text: str) -> dict[str, Any]:
+    return make_event("status", text=text)
+
+
+def result_event(results: Mapping[str, Any], execution_count: int | None = None) -> dict[str, Any]:
+    """A rich result; ``results`` maps MIME type to data (the SDK reads ``text``/``text/plain``)."""
+    return make_event("result", results=dict(results), execution_count=execution_count)
+
+
+def error_event(ename: str, evalue: str, traceback: list[str] | None = None) -> dict[str, Any]:
+    return make_event(
+        "error", error={"ename": ename, "evalue": evalue, "traceback": list(traceback or [])}
+    )
+
+
+def complete_event(execution_time_ms: int, **extra: Any) -> dict[str, Any]:
+    """End of an execution; ``extra`` (e.g. ``exit_code``) is ignored by the SDK, kept for raw
+    clients."""
+    return make_event("execution_complete", execution_time=int(execution_time_ms), **extra)
+
+
+def execution_count_event(count: int) -> dict[str, Any]:
+    return make_event("execution_count", execution_count=count)
+
+
+def ping_event() -> dict[str, Any]:
+    return make_event("ping", text="pong")
+
+
+# Characters that some line splitters (str.splitlines, hence some SSE clients) treat as line
+# breaks although JSON leaves them unescaped; they can only occur inside JSON strings.
+_LINE_BREAKERS = ("\x85", "\u2028", "\u2029")
+
+
+def encode_data(event: Mapping[str, Any]) -> str:
+    """The event's JSON text: one line, safe for every SSE line splitter."""
+    data = _dumps(event)
+    for ch in _LINE_BREAKERS:
+        if ch in data:
+            data = data.replace(ch, f"\\u{ord(ch):04x}")
+    return data
+
+
+def encode(event: Mapping[str, Any] | str, event_id: int | str | None = None) -> bytes:
+    """One SSE frame; ``event`` may be a dict or already-encoded JSON text."""
+    data = event if isinstance(event, str) else encode_data(event)
+    if event_id is None:
+        return f"data: {data}\n\n".encode()
+    return f"id: {event_id}\ndata: {data}\n\n".encode()
+
+
+def last_event_id(request: Request) -> str | None:
+    """The ``Last-Event-ID`` a reconnecting client sent (header, or ``lastEventId`` query)."""
+    value = request.headers.get("last-event-id") or request.query_params.get("lastEventId")
+    return value.strip() if value and value.strip() else None
+
+
+async def with_keepalive(
+    source: AsyncIterable[bytes], interval: float = DEFAULT_KEEPALIVE_SECONDS
+) -> AsyncIterator[bytes]:
+    """Yield ``source``'s chunks, plus ``KEEPALIVE`` whenever it is silent for ``interval`` s."""
+    iterator = source.__aiter__()
+    pending: asyncio.Future[bytes] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(iterator.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                yield KEEPALIVE
+                continue
+            try:
+                chunk = pending.result()
+            except StopAsyncIteration:
+                return
+            finally:
+                pending = None
+            yield chunk
+    finally:
+        if pending is not None:
+            pending.cancel()
+            try:
+                await pending
+            except BaseException:  # noqa: BLE001 - the source is being abandoned
+                pass
+        aclose = getattr(iterator, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def sse_response(
+    source: AsyncIterable[bytes],
+    *,
+    keepalive_interval: float | None = DEFAULT_KEEPALIVE_SECONDS,
+    headers: Mapping[str, str] | None = None,
+    status_code: int = 200,
+) -> StreamingResponse:
+    """A streaming ``text/event-stream`` response (no proxy buffering, no caching)."""
+    all_headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    if headers:
+        all_headers.update(headers)
+    body = source if not keepalive_interval else with_keepalive(source, keepalive_interval)
+    return StreamingResponse(
+        body, status_code=status_code, media_type=MEDIA_TYPE, headers=all_headers
+    )

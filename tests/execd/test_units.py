@@ -1,0 +1,193 @@
+"""Unit tests of execd's pieces with fakes: cgroup discovery and limits (v1 and v2), SSE
+encoding and keep-alives, journals and line cursors, env-file parsing, range parsing, globs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sandlot.execd import envfile, sse
+from sandlot.execd.files import glob_matcher, parse_mode, parse_range
+from sandlot.execd.journal import EventJournal, OutputLog
+from sandlot.execd.metrics import CgroupPaths, Sampler
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cgroup_v2_limits(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    write(root / "cgroup.controllers", "cpu memory")
+    box = root / "sandlot" / "box1"
+    write(box / "memory.current", str(300 << 20))
+    write(box / "memory.max", str(512 << 20))
+    write(box / "memory.stat", f"anon 1\ninactive_file {100 << 20}\n")
+    write(box / "cpu.max", "150000 100000")
+    write(box / "cpu.stat", "usage_usec 5000000\nuser_usec 1\n")
+    write(tmp_path / "self-cgroup", "0::/sandlot/box1\n")
+    paths = CgroupPaths.discover(str(tmp_path / "self-cgroup"), str(root))
+    assert paths.v2 == str(box)
+    s = Sampler(paths)
+    assert s.cpu_count() == 1.5
+    used, total = s.memory()
+    assert total == 512 << 20 and used == 200 << 20
+    assert s.cpu_seconds() == 5.0
+
+
+def test_cgroup_v2_unlimited_falls_back_to_host(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    write(root / "cgroup.controllers", "cpu memory")
+    write(root / "memory.current", "1000")
+    write(root / "memory.max", "max")
+    write(root / "cpu.max", "max 100000")
+    write(tmp_path / "self-cgroup", "0::/\n")
+    s = Sampler(CgroupPaths.discover(str(tmp_path / "self-cgroup"), str(root)))
+    used, total = s.memory()
+    assert total > 1000 and 0 < used <= total  # the host's memory
+    assert s.cpu_count() >= 1
+
+
+def test_cgroup_v1_limits_inside_a_container(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    # Inside a container the cgroup's own directory is the mount root.
+    write(root / "memory" / "memory.usage_in_bytes", str(64 << 20))
+    write(root / "memory" / "memory.limit_in_bytes", str(256 << 20))
+    write(root / "memory" / "memory.stat", "total_inactive_file 0\n")
+    write(root / "cpu,cpuacct" / "cpu.cfs_quota_us", "50000")
+    write(root / "cpu,cpuacct" / "cpu.cfs_period_us", "100000")
+    write(root / "cpu,cpuacct" / "cpuacct.usage", "2000000000")
+    write(
+        tmp_path / "self-cgroup",
+        "5:memory:/sandlot/box2\n4:cpu,cpuacct:/sandlot/box2\n0::/\n",
+    )
+    paths = CgroupPaths.discover(str(tmp_path / "self-cgroup"), str(root))
+    assert paths.memory == str(root / "memory")
+    s = Sampler(paths)
+    assert s.memory() == (float(64 << 20), float(256 << 20))
+    assert s.cpu_count() == 0.5
+    assert s.cpu_seconds() == 2.0
+    sample = s.sample()
+    assert sample["mem_total_mib"] == 256.0 and sample["mem_used_mib"] == 64.0
+
+
+def test_cgroup_v1_huge_limit_means_unlimited(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    write(root / "memory" / "box" / "memory.usage_in_bytes", "4096")
+    write(root / "memory" / "box" / "memory.limit_in_bytes", str(9223372036854771712))
+    write(tmp_path / "self-cgroup", "5:memory:/box\n")
+    s = Sampler(CgroupPaths.discover(str(tmp_path / "self-cgroup"), str(root)))
+    used, total = s.memory()
+    assert total < 9223372036854771712 and used > 4096
+
+
+def test_sse_encoding_is_one_line_json_with_id() -> None:
+    frame = sse.encode(sse.stdout_event("a\nb\u2028c\x85"), event_id=42).decode()
+    lines = frame.split("\n")
+    assert lines[0] == "id: 42" and lines[1].startswith("data: ") and frame.endswith("\n\n")
+    data = json.loads(lines[1][6:])
+    assert data["type"] == "stdout" and data["text"] == "a\nb\u2028c\x85"
+    assert len(lines[1].splitlines()) == 1
+    err = sse.error_event("CommandExecError", "3", ["boom"])
+    assert err["error"] == {"ename": "CommandExecError", "evalue": "3", "traceback": ["boom"]}
+
+
+async def test_keepalive_interleaves_comments_and_closes_the_source() -> None:
+    closed = asyncio.Event()
+
+    async def slow() -> AsyncIterator[bytes]:
+        try:
+            yield b"one"
+            await asyncio.sleep(0.35)
+            yield b"two"
+        finally:
+            closed.set()
+
+    got = [chunk async for chunk in sse.with_keepalive(slow(), 0.1)]
+    assert got[0] == b"one" and got[-1] == b"two"
+    assert got.count(sse.KEEPALIVE) >= 2
+    assert closed.is_set()
+
+
+async def test_journal_follow_and_resume(tmp_path: Path) -> None:
+    j = EventJournal(str(tmp_path / "j"))
+    ids = [j.append(sse.stdout_event(f"line{i}")) for i in range(3)]
+
+    async def collect(start: int) -> list[tuple[int, dict]]:
+        out = []
+        async for chunk in j.follow(start):
+            for frame in chunk.decode().split("\n\n"):
+                if frame:
+                    head, data = frame.split("\n")
+                    out.append((int(head[4:]), json.loads(data[6:])))
+        return out
+
+    reader = asyncio.create_task(collect(0))
+    await asyncio.sleep(0.05)
+    ids.append(j.append(sse.stdout_event("late")))
+    j.close()
+    events = await reader
+    assert [i for i, _ in events] == ids
+    assert [e["text"] for _, e in events] == ["line0", "line1", "line2", "late"]
+    resumed = await collect(j.resume_offset(str(ids[1])))
+    assert [e["text"] for _, e in resumed] == ["line2", "late"]
+    assert await collect(j.resume_offset("garbage")) == events
+    j.discard()
+    assert not (tmp_path / "j").exists()
+
+
+def test_output_log_cursor_past_index_blocks(tmp_path: Path) -> None:
+    log = OutputLog(str(tmp_path / "log"))
+    for i in range(5000):
+        log.write(f"l{i}\n".encode())
+    log.write(b"partial")
+    start, end, nxt = log.read_from_line(4998, finished=False)
+    data = open(tmp_path / "log", "rb").read()
+    assert data[start:end] == b"l4998\nl4999\n" and nxt == 5000
+    start, end, nxt = log.read_from_line(4998, finished=True)
+    assert data[start:end] == b"l4998\nl4999\npartial" and nxt == 5001
+    start, end, nxt = log.read_from_line(None, finished=False)
+    assert (start, end) == (0, len(data))
+    log.discard()
+
+
+def test_env_file_forms(tmp_path: Path) -> None:
+    p = tmp_path / "envs"
+    p.write_text('A=\'x y\'\nB="q\\"uote\\nnl"\n# c\nexport C=plain\nbad line\n')
+    assert envfile.parse(p.read_text()) == {"A": "x y", "B": 'q"uote\nnl', "C": "plain"}
+    ef = envfile.EnvFile(str(p))
+    assert ef.values()["A"] == "x y"
+    p.write_text("A=changed-and-longer\n")
+    assert ef.values() == {"A": "changed-and-longer"}
+
+
+@pytest.mark.parametrize(
+    ("header", "size", "expected"),
+    [
+        ("bytes=0-9", 100, (0, 10)),
+        ("bytes=90-", 100, (90, 100)),
+        ("bytes=-5", 100, (95, 100)),
+        ("bytes=95-200", 100, (95, 100)),
+        ("bytes=100-", 100, None),
+        ("items=0-1", 100, None),
+        ("bytes=5-2", 100, None),
+    ],
+)
+def test_parse_range(header: str, size: int, expected: tuple[int, int] | None) -> None:
+    assert parse_range(header, size) == expected
+
+
+def test_globs_and_modes() -> None:
+    assert glob_matcher("*.py")("a/b/c.py") and not glob_matcher("*.py")("a/c.txt")
+    assert glob_matcher("src/**/*.py")("src/x/y/z.py") and glob_matcher("src/**/*.py")("src/z.py")
+    assert not glob_matcher("src/*.py")("src/x/z.py")
+    assert glob_matcher("**")("anything/at/all")
+    assert parse_mode(755, default=0) == 0o755 and parse_mode("0644", default=0) == 0o644
+    assert parse_mode(None, default=0o600) == 0o600
+    with pytest.raises(Exception):  # noqa: B017 - sandlot InvalidRequest
+        parse_mode(999, default=0)
