@@ -1,0 +1,64 @@
+"""Where one sandbox's files live on the host: everything under ``data_dir/sandboxes/<id>/``."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+NETNS_PREFIX = "sandlot-"
+
+
+@dataclass(frozen=True)
+class SandboxPaths:
+    root: Path
+
+    @classmethod
+    def of(cls, data_dir: Path, sandbox_id: str) -> SandboxPaths:
+        return cls(data_dir / "sandboxes" / sandbox_id)
+
+    @property
+    def bundle(self) -> Path:
+        return self.root / "bundle"
+
+    @property
+    def rootfs(self) -> Path:
+        """The overlay mount point; runc's bundle rootfs."""
+        return self.bundle / "rootfs"
+
+    @property
+    def config_json(self) -> Path:
+        return self.bundle / "config.json"
+
+    @property
+    def upper(self) -> Path:
+        return self.root / "upper"
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def run_dir(self) -> Path:
+        """Bind-mounted at /run/sandlot inside: the execd socket and the entrypoint log."""
+        return self.root / "run"
+
+    @property
+    def etc(self) -> Path:
+        """Generated files bind-mounted over the image's (hosts, hostname)."""
+        return self.root / "etc"
+
+    @property
+    def container_log(self) -> Path:
+        """stdout/stderr of the container's init process (execd)."""
+        return self.root / "container.log"
+
+    @property
+    def runc_log(self) -> Path:
+        return self.root / "runc.log"
+
+
+def netns_name(sandbox_id: str) -> str:
+    """A short, stable network namespace name (``ip netns`` names are file names)."""
+    digest = hashlib.sha256(sandbox_id.encode()).hexdigest()[:12]
+    return NETNS_PREFIX + digest

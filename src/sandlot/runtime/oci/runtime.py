@@ -1,0 +1,207 @@
+"""``OciRuntime``: sandboxes as OCI containers driven through runc, with no daemon.
+
+Everything a sandbox owns lives under ``data_dir/sandboxes/<id>/`` (bundle, overlay upper and
+work dirs, the execd socket, logs) plus its runc state under ``data_dir/runc``, its network
+namespace ``/run/netns/sandlot-<hash>`` and its cgroups ``.../sandlot/<id>``. Containers are
+started detached with their stdio in files, so they survive a restart (or ``kill -9``) of
+the server, and ``list_ids`` finds them again from runc's state directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+from sandlot.config import Config
+from sandlot.errors import Conflict, InvalidRequest, NotFound, RuntimeFailure
+from sandlot.runtime.base import ContainerInfo, ContainerState, SandboxSpec
+from sandlot.runtime.execd_bundle import ExecdBundle, ensure_bundle
+from sandlot.runtime.oci import cgroups, mounts, netns
+from sandlot.runtime.oci import spec as ocispec
+from sandlot.runtime.oci.layout import SandboxPaths, netns_name
+from sandlot.runtime.oci.runc import Runc
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_STATES = {
+    "created": ContainerState.CREATED,
+    "running": ContainerState.RUNNING,
+    "paused": ContainerState.PAUSED,
+    "stopped": ContainerState.STOPPED,
+}
+
+
+def _check_id(sandbox_id: str) -> None:
+    if not _ID_RE.match(sandbox_id):
+        raise InvalidRequest(f"invalid sandbox id {sandbox_id!r}: use letters, digits, '_.-'")
+
+
+def default_binary(cfg: Config) -> str:
+    if cfg.runtime.oci_binary:
+        return cfg.runtime.oci_binary
+    if cgroups.is_unified_only() and shutil.which("crun"):
+        return "crun"
+    return "runc"
+
+
+def _swap_limit_supported() -> bool:
+    if cgroups.is_unified_only():
+        return True
+    return Path("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists()
+
+
+class OciRuntime:
+    """The default runtime backend (see module docstring)."""
+
+    name = "oci"
+
+    def __init__(self, data_dir: Path, binary: str, bundle: ExecdBundle, pids_limit: int) -> None:
+        self.data_dir = data_dir
+        self.runc = Runc(binary, data_dir / "runc")
+        self.bundle = bundle
+        self.pids_limit = pids_limit
+        self._swap = _swap_limit_supported()
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._connector = netns.NetnsConnector()
+
+    @classmethod
+    async def open(cls, cfg: Config) -> OciRuntime:
+        """Check the host, build (or reuse) the execd bundle, and return the runtime."""
+        binary = default_binary(cfg)
+        resolved = shutil.which(binary)
+        if resolved is None:
+            raise RuntimeFailure(f"OCI runtime binary {binary!r} not found on PATH")
+        if shutil.which("ip") is None:
+            raise RuntimeFailure("iproute2's 'ip' is required for sandbox network namespaces")
+        data_dir = cfg.data_dir
+        for sub in ("sandboxes", "runc"):
+            (data_dir / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(data_dir / "runc", 0o700)
+        bundle = await asyncio.to_thread(ensure_bundle, data_dir / "execd-bundle")
+        return cls(data_dir, resolved, bundle, cfg.runtime.pids_limit)
+
+    def paths(self, sandbox_id: str) -> SandboxPaths:
+        return SandboxPaths.of(self.data_dir, sandbox_id)
+
+    def execd_socket(self, sandbox_id: str) -> Path:
+        return self.paths(sandbox_id).run_dir / "execd.sock"
+
+    # -- create -------------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec) -> None:
+        _check_id(spec.sandbox_id)
+        async with self._locks[spec.sandbox_id]:
+            p = self.paths(spec.sandbox_id)
+            if p.root.exists() or (self.runc.root / spec.sandbox_id).exists():
+                raise Conflict(f"sandbox {spec.sandbox_id} already exists")
+            try:
+                await self._create(spec, p)
+            except BaseException as exc:
+                with contextlib.suppress(Exception):
+                    await self._teardown(spec.sandbox_id)
+                if isinstance(exc, RuntimeFailure | InvalidRequest):
+                    raise
+                if isinstance(exc, Exception):
+                    raise RuntimeFailure(f"cannot start sandbox {spec.sandbox_id}: {exc}") from exc
+                raise
+
+    async def _create(self, spec: SandboxSpec, p: SandboxPaths) -> None:
+        for d in (p.rootfs, p.upper, p.work, p.run_dir, p.etc):
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(p.root, 0o700)  # the upper dir holds the workload's files
+        (p.upper / ocispec.WORKSPACE.lstrip("/")).mkdir(mode=0o755, exist_ok=True)
+        host = ocispec.hostname(spec)
+        (p.etc / "hostname").write_text(host + "\n")
+        (p.etc / "hosts").write_text(
+            f"127.0.0.1\tlocalhost {host}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+        )
+        ns = await netns.create_netns(netns_name(spec.sandbox_id))
+        mounts.mount_overlay(list(spec.image.lower_dirs), p.upper, p.work, p.rootfs)
+        limited = SandboxSpec(**{**spec.__dict__, "pids_limit": min(spec.pids_limit,
+                                                                   self.pids_limit)})
+        config = ocispec.build_config(limited, self.bundle, netns=ns, run_dir=p.run_dir,
+                                      etc_dir=p.etc, swap_limit=self._swap)
+        p.config_json.write_text(json.dumps(config, indent=1))
+        await self.runc.run_detached(spec.sandbox_id, p.bundle, p.container_log, p.runc_log)
+
+    # -- delete -------------------------------------------------------------------------
+
+    async def delete(self, sandbox_id: str) -> None:
+        _check_id(sandbox_id)
+        async with self._locks[sandbox_id]:
+            await self._teardown(sandbox_id)
+        self._locks.pop(sandbox_id, None)
+
+    async def _teardown(self, sandbox_id: str) -> None:
+        """Remove every trace of the sandbox, whatever state a crash left it in."""
+        p = self.paths(sandbox_id)
+        await asyncio.to_thread(cgroups.kill_all, sandbox_id)
+        await self.runc.delete_force(sandbox_id)
+        await asyncio.to_thread(cgroups.remove_sandbox_cgroups, sandbox_id)
+        for mp in mounts.mounts_under(p.root):
+            mounts.unmount(Path(mp))
+        await netns.delete_netns(netns_name(sandbox_id))
+        state_dir = self.runc.root / sandbox_id
+        if state_dir.exists():  # runc could not delete it (e.g. its init already gone)
+            shutil.rmtree(state_dir, ignore_errors=True)
+        if p.root.exists():
+            await asyncio.to_thread(shutil.rmtree, p.root)
+
+    # -- state --------------------------------------------------------------------------
+
+    async def inspect(self, sandbox_id: str) -> ContainerInfo:
+        _check_id(sandbox_id)
+        st = await self.runc.state(sandbox_id)
+        if st is None:
+            return ContainerInfo(sandbox_id, ContainerState.MISSING)
+        state = _STATES.get(st.get("status", ""), ContainerState.STOPPED)
+        pid = st.get("pid") or None
+        return ContainerInfo(sandbox_id, state, pid=pid if state != ContainerState.STOPPED
+                             else None)
+
+    async def pause(self, sandbox_id: str) -> None:
+        info = await self.inspect(sandbox_id)
+        if info.state == ContainerState.PAUSED:
+            return
+        self._require_running(info)
+        await self.runc.pause(sandbox_id)
+
+    async def resume(self, sandbox_id: str) -> None:
+        info = await self.inspect(sandbox_id)
+        if info.state == ContainerState.RUNNING:
+            return
+        if info.state != ContainerState.PAUSED:
+            self._require_running(info)
+        await self.runc.resume(sandbox_id)
+
+    @staticmethod
+    def _require_running(info: ContainerInfo) -> None:
+        if info.state == ContainerState.MISSING:
+            raise NotFound(f"sandbox {info.sandbox_id} not found")
+        if info.state != ContainerState.RUNNING:
+            raise Conflict(f"sandbox {info.sandbox_id} is {info.state.value}, not running")
+
+    async def list_ids(self) -> set[str]:
+        """Containers in runc's state dir plus sandbox folders (leftovers of a crash)."""
+        ids = self.runc.ids()
+        sb = self.data_dir / "sandboxes"
+        if sb.is_dir():
+            ids |= {d.name for d in sb.iterdir() if d.is_dir()}
+        return ids
+
+    async def open_connection(
+        self, sandbox_id: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        _check_id(sandbox_id)
+        ns = netns.netns_path(netns_name(sandbox_id))
+        if not ns.exists():
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        return await self._connector.open_connection(ns, port)
+
+    async def close(self) -> None:
+        self._connector.close()

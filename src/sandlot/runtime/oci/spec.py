@@ -1,0 +1,148 @@
+"""The OCI runtime spec (config.json) of a sandbox: namespaces, mounts, limits, hardening."""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+from typing import Any
+
+from sandlot.runtime.base import SandboxSpec
+from sandlot.runtime.execd_bundle import ExecdBundle
+from sandlot.runtime.oci import cgroups
+from sandlot.runtime.oci.seccomp import seccomp_profile
+
+RUN_DIR = "/run/sandlot"
+EXECD_SOCKET = f"{RUN_DIR}/execd.sock"
+ENTRYPOINT_LOG = f"{RUN_DIR}/entrypoint.log"
+WORKSPACE = "/workspace"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CPU_PERIOD_US = 100_000
+
+# Docker's default capability set minus NET_RAW (raw sockets: spoofing, ARP tricks) and
+# MKNOD (device nodes); execd runs as root inside and needs the file-ownership ones.
+CAPABILITIES = [
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID",
+    "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+]
+MASKED_PATHS = [
+    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+    "/sys/firmware", "/sys/devices/virtual/powercap",
+]
+READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+
+
+def _env(spec: SandboxSpec, bundle: ExecdBundle) -> list[str]:
+    env: dict[str, str] = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": hostname(spec)}
+    for item in spec.image.config.env:
+        key, sep, value = item.partition("=")
+        if sep:
+            env[key] = value
+    env.update(spec.env)
+    env.update(bundle.env())
+    private = [*bundle.env(), "SANDLOT_EXECD_TOKEN"]
+    env["SANDLOT_EXECD_PRIVATE_ENV"] = ",".join(private)
+    if spec.execd_token:
+        env["SANDLOT_EXECD_TOKEN"] = spec.execd_token
+    return [f"{k}={v}" for k, v in env.items()]
+
+
+def hostname(spec: SandboxSpec) -> str:
+    return spec.sandbox_id[:63]
+
+
+def workdir(spec: SandboxSpec) -> str:
+    return spec.image.config.working_dir or WORKSPACE
+
+
+def process_args(spec: SandboxSpec, bundle: ExecdBundle) -> list[str]:
+    """execd as PID 1, then (after ``--``) the user's entrypoint, which execd starts."""
+    args = [*bundle.python_argv(), "-m", "sandlot.execd", "--listen", f"unix:{EXECD_SOCKET}",
+            "--workdir", workdir(spec), "--entrypoint-log", ENTRYPOINT_LOG]
+    if spec.entrypoint:
+        args += ["--", *spec.entrypoint]
+    return args
+
+
+def _resources(spec: SandboxSpec, swap_limit: bool) -> dict[str, Any]:
+    res: dict[str, Any] = {
+        "devices": [{"allow": False, "access": "rwm"}],  # runc adds the standard /dev nodes
+        "pids": {"limit": spec.pids_limit},
+    }
+    if spec.memory_bytes is not None:
+        mem: dict[str, int] = {"limit": spec.memory_bytes}
+        if swap_limit:
+            mem["swap"] = spec.memory_bytes  # memory+swap == memory: no escape into swap
+        res["memory"] = mem
+    if spec.cpu_cores is not None:
+        res["cpu"] = {"quota": max(1000, int(spec.cpu_cores * CPU_PERIOD_US)),
+                      "period": CPU_PERIOD_US}
+    return res
+
+
+def _mounts(bundle: ExecdBundle, run_dir: Path, etc_dir: Path) -> list[dict[str, Any]]:
+    nosuid = ["nosuid", "noexec", "nodev"]
+    return [
+        {"destination": "/proc", "type": "proc", "source": "proc", "options": nosuid},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+         "options": [*nosuid, "mode=1777", "size=65536k"]},
+        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": nosuid},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": [*nosuid, "ro"]},
+        {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+         "options": [*nosuid, "relatime", "ro"]},
+        {"destination": bundle.mount_point, "type": "bind", "source": str(bundle.path),
+         "options": ["bind", "ro", "nosuid", "nodev"]},
+        {"destination": RUN_DIR, "type": "bind", "source": str(run_dir),
+         "options": ["bind", "rw", "nosuid", "nodev", "noexec"]},
+        {"destination": "/etc/hosts", "type": "bind", "source": str(etc_dir / "hosts"),
+         "options": ["bind", "rw", "nosuid", "nodev", "noexec"]},
+        {"destination": "/etc/hostname", "type": "bind", "source": str(etc_dir / "hostname"),
+         "options": ["bind", "rw", "nosuid", "nodev", "noexec"]},
+    ]
+
+
+def build_config(
+    spec: SandboxSpec,
+    bundle: ExecdBundle,
+    *,
+    netns: Path,
+    run_dir: Path,
+    etc_dir: Path,
+    swap_limit: bool,
+) -> dict[str, Any]:
+    """The complete config.json for ``spec`` (rootfs is ``rootfs`` next to it)."""
+    caps = list(CAPABILITIES)
+    # As many open files as the host lets us hand down (raising it needs CAP_SYS_RESOURCE).
+    nofile = min(1 << 20, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": process_args(spec, bundle),
+            "env": _env(spec, bundle),
+            "cwd": workdir(spec),
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}],
+            "noNewPrivileges": True,
+        },
+        "root": {"path": "rootfs", "readonly": False},
+        "hostname": hostname(spec),
+        "mounts": _mounts(bundle, run_dir, etc_dir),
+        "linux": {
+            "namespaces": [
+                {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
+                {"type": "cgroup"}, {"type": "network", "path": str(netns)},
+            ],
+            "cgroupsPath": cgroups.cgroups_path(spec.sandbox_id),
+            "resources": _resources(spec, swap_limit),
+            "maskedPaths": MASKED_PATHS,
+            "readonlyPaths": READONLY_PATHS,
+            "seccomp": seccomp_profile(),
+        },
+    }

@@ -1,0 +1,122 @@
+"""Shared helpers for runtime and security tests: a real OciRuntime, leak checks, exec."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sandlot.config import Config
+from sandlot.images.model import Image
+from sandlot.runtime.base import SandboxSpec
+from sandlot.runtime.oci import OciRuntime
+from sandlot.runtime.oci import cgroups as cg
+from sandlot.runtime.oci.layout import netns_name
+
+
+def needs_root() -> None:
+    if os.geteuid() != 0 or shutil.which("runc") is None:
+        pytest.skip("the OCI runtime needs root and runc")
+
+
+def short_tmpdir(prefix: str) -> Path:
+    """A short path: unix socket paths under it must stay below 108 bytes."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+@dataclass
+class ExecResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def runc_exec(rt: OciRuntime, sandbox_id: str, script: str, timeout: float = 60) -> ExecResult:
+    """Run ``sh -c script`` inside the sandbox with the container's own process settings
+    (same namespaces, cgroups, capabilities, seccomp and no_new_privs as its workload)."""
+    p = subprocess.run(
+        [rt.runc.binary, "--root", str(rt.runc.root), "exec", sandbox_id, "sh", "-c", script],
+        capture_output=True, text=True, timeout=timeout,
+    )
+    return ExecResult(p.returncode, p.stdout, p.stderr)
+
+
+async def wait_ping(rt: OciRuntime, sandbox_id: str, timeout: float = 30) -> httpx.Response:
+    """Poll execd's /ping over the sandbox's unix socket until it answers."""
+    sock = rt.execd_socket(sandbox_id)
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    transport = httpx.AsyncHTTPTransport(uds=str(sock))
+    async with httpx.AsyncClient(transport=transport, base_url="http://execd") as client:
+        while time.monotonic() < deadline:
+            if sock.exists():
+                try:
+                    r = await client.get("/ping", timeout=5)
+                    if r.status_code == 200:
+                        return r
+                except httpx.TransportError as exc:
+                    last = exc
+            await asyncio.sleep(0.02)
+    log = rt.paths(sandbox_id).container_log
+    tail = log.read_text()[-2000:] if log.exists() else ""
+    raise AssertionError(f"execd did not answer /ping: {last!r}\ncontainer log:\n{tail}")
+
+
+def leftovers(rt: OciRuntime, sandbox_id: str) -> list[str]:
+    """Everything of ``sandbox_id`` still on the host (empty when deletion was complete)."""
+    found = []
+    root = str(rt.paths(sandbox_id).root)
+    with open("/proc/self/mountinfo") as fh:
+        found += [f"mount {ln.split()[4]}" for ln in fh if root in ln.split()[4]]
+    found += [f"cgroup {d}" for d in cg.sandbox_cgroup_dirs(sandbox_id)]
+    if Path("/run/netns", netns_name(sandbox_id)).exists():
+        found.append("netns")
+    if Path(root).exists():
+        found.append(f"dir {root}")
+    if (rt.runc.root / sandbox_id).exists():
+        found.append("runc state")
+    return found
+
+
+def spec(sandbox_id: str, image: Image, **kw: object) -> SandboxSpec:
+    return SandboxSpec(sandbox_id=sandbox_id, image=image, entrypoint=[], **kw)  # type: ignore[arg-type]
+
+
+async def open_runtime(data_dir: Path) -> OciRuntime:
+    return await OciRuntime.open(Config(data_dir=data_dir))
+
+
+async def runtime_fixture(data_dir: Path) -> AsyncIterator[OciRuntime]:
+    rt = await open_runtime(data_dir)
+    try:
+        yield rt
+    finally:
+        ids = await rt.list_ids()
+        for sid in ids:
+            await rt.delete(sid)
+        await rt.close()
+        left = {sid: what for sid in ids if (what := leftovers(rt, sid))}
+        assert not left, f"sandboxes left traces behind: {left}"
+
+
+def process_gone(pid: int, timeout: float = 10) -> bool:
+    """True once ``pid`` no longer runs (gone, or a zombie waiting for its reaper)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.02)
+    return False

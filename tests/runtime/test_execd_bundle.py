@@ -1,0 +1,79 @@
+"""The execd bundle: self-contained (own loader, libc, Python), cached, rebuilt on change."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+from sandlot.runtime import execd_bundle as eb
+from sandlot.runtime.oci import OciRuntime
+
+
+def _run_bundle_python(bundle: eb.ExecdBundle, code: str) -> subprocess.CompletedProcess[str]:
+    """Run the bundle's Python on the host as it runs in a sandbox (paths rebased)."""
+    root = str(bundle.path)
+    argv = [a.replace(bundle.mount_point, root) for a in bundle.python_argv()]
+    env = {k: v.replace(bundle.mount_point, root) for k, v in bundle.env().items()}
+    return subprocess.run([*argv, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_bundle_contents(oci_runtime: OciRuntime) -> None:
+    b = oci_runtime.bundle
+    lib = b.path / "lib"
+    for name in ("ld-linux-x86-64.so.2", "libc.so.6", "libgcc_s.so.1"):
+        assert (lib / name).is_file(), name
+    assert (b.path / "bin" / "python3").is_file()
+    assert (b.path / "site-packages" / "sandlot" / "execd" / "__main__.py").is_file()
+    stdlib = lib / eb._PY
+    assert (stdlib / "asyncio").is_dir()
+    for skipped in ("test", "idlelib", "tkinter", "ensurepip"):
+        assert not (stdlib / skipped).exists(), skipped
+    assert not any(p.name.startswith("_tkinter") for p in (stdlib / "lib-dynload").iterdir())
+
+
+def test_bundle_python_loads_only_bundle_libraries(oci_runtime: OciRuntime) -> None:
+    b = oci_runtime.bundle
+    code = (
+        "import sandlot.execd.app, uvicorn, zmq, psutil, jupyter_client, uvloop, httptools\n"
+        "import sys, ssl, ctypes, sqlite3\n"
+        "libs = {l.split()[-1] for l in open('/proc/self/maps') if '.so' in l}\n"
+        "print(sys.prefix)\n"
+        "print('\\n'.join(sorted(libs)))\n"
+    )
+    r = _run_bundle_python(b, code)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == str(b.path)
+    outside = [ln for ln in lines[1:] if not ln.startswith(str(b.path))]
+    assert outside == []
+    assert any(ln.endswith("/lib/libc.so.6") for ln in lines[1:])
+
+
+def test_bundle_is_cached_and_keyed_on_code(oci_runtime: OciRuntime, tmp_path: Path) -> None:
+    root = oci_runtime.bundle.path.parent
+    again = eb.ensure_bundle(root)
+    assert again.path == oci_runtime.bundle.path
+    assert again.path.name == eb.full_key(eb.base_key())
+    # the key follows file contents
+    (tmp_path / "m.py").write_text("a = 1\n")
+    h1 = hashlib.sha256()
+    eb._hash_tree(h1, tmp_path)
+    (tmp_path / "m.py").write_text("a = 2\n")
+    h2 = hashlib.sha256()
+    eb._hash_tree(h2, tmp_path)
+    assert h1.hexdigest() != h2.hexdigest()
+    # the code part is a hard-link copy of the base: an edit of sandlot does not copy Python
+    base = root / f"base-{eb.base_key()}"
+    exe = "bin/python3"
+    assert os.stat(base / exe).st_ino == os.stat(again.path / exe).st_ino
+
+
+def test_distribution_closure_follows_requirements() -> None:
+    names = {d.metadata["Name"].lower().replace("_", "-") for d in eb.distribution_closure()}
+    for needed in ("starlette", "anyio", "uvicorn", "jupyter-client", "pyzmq", "psutil",
+                   "traitlets", "python-dateutil", "six"):
+        assert needed in names, needed
+    assert "pytest" not in names

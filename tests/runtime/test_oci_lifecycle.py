@@ -1,0 +1,208 @@
+"""OciRuntime end to end with real runc: create, reach execd, pause, delete without a trace."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from sandlot.errors import Conflict, InvalidRequest, NotFound, RuntimeFailure
+from sandlot.images.model import Image
+from sandlot.runtime.base import ContainerState
+from sandlot.runtime.oci import OciRuntime
+from sandlot.runtime.oci import cgroups as cg
+from tests.runtime.helpers import (
+    leftovers,
+    open_runtime,
+    process_gone,
+    runc_exec,
+    spec,
+    wait_ping,
+)
+
+
+async def test_create_ping_delete_leaves_nothing(oci_runtime: OciRuntime, rt_image: Image) -> None:
+    rt = oci_runtime
+    await rt.create(spec("life1", rt_image))
+    info = await rt.inspect("life1")
+    assert info.state == ContainerState.RUNNING and info.pid
+    assert (await wait_ping(rt, "life1")).status_code == 200
+    assert "life1" in await rt.list_ids()
+    assert cg.sandbox_cgroup_dirs("life1")
+    pid = info.pid
+    await rt.delete("life1")
+    assert leftovers(rt, "life1") == []
+    assert process_gone(pid)
+    assert (await rt.inspect("life1")).state == ContainerState.MISSING
+    await rt.delete("life1")  # idempotent
+
+
+async def test_execd_is_pid1_with_workspace_and_hostname(
+    oci_runtime: OciRuntime, rt_image: Image
+) -> None:
+    rt = oci_runtime
+    await rt.create(spec("life2", rt_image, env={"GREETING": "hi there"}))
+    await wait_ping(rt, "life2")
+    r = runc_exec(rt, "life2", "tr '\\0' ' ' </proc/1/cmdline; echo; hostname; "
+                  "echo $GREETING; touch /workspace/f && echo writable; ls /run/sandlot")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "sandlot.execd" in lines[0] and "/opt/sandlot/" in lines[0]
+    assert lines[1] == "life2"
+    assert lines[2] == "hi there"
+    assert "writable" in lines
+    assert "execd.sock" in r.stdout
+    # execd keeps its private variables (bundle Python paths, token) out of the workload's env
+    env = runc_exec(rt, "life2", "cat /proc/1/environ | tr '\\0' '\\n'").stdout
+    assert "GREETING=hi there" in env
+
+
+async def test_execd_runs_in_image_without_python_or_libc(
+    oci_runtime: OciRuntime, scratch_image: Image
+) -> None:
+    rt = oci_runtime
+    await rt.create(spec("nolibc", scratch_image))
+    r = await wait_ping(rt, "nolibc")
+    assert r.status_code == 200
+    await rt.delete("nolibc")
+    assert leftovers(rt, "nolibc") == []
+
+
+async def test_pause_and_resume_keep_processes(oci_runtime: OciRuntime, rt_image: Image) -> None:
+    rt = oci_runtime
+    await rt.create(spec("pz", rt_image))
+    await wait_ping(rt, "pz")
+    pid = (await rt.inspect("pz")).pid
+    await rt.pause("pz")
+    assert (await rt.inspect("pz")).state == ContainerState.PAUSED
+    freezer = cg.controller_dir("pz", "freezer")
+    assert freezer is not None and (freezer / "freezer.state").read_text().strip() == "FROZEN"
+    await rt.pause("pz")  # pausing a paused sandbox is a no-op
+    await rt.resume("pz")
+    info = await rt.inspect("pz")
+    assert info.state == ContainerState.RUNNING and info.pid == pid
+    await wait_ping(rt, "pz")
+
+
+async def test_delete_paused_sandbox(oci_runtime: OciRuntime, rt_image: Image) -> None:
+    rt = oci_runtime
+    await rt.create(spec("pzdel", rt_image))
+    await rt.pause("pzdel")
+    await rt.delete("pzdel")
+    assert leftovers(rt, "pzdel") == []
+
+
+async def test_limits_are_applied(oci_runtime: OciRuntime, rt_image: Image) -> None:
+    rt = oci_runtime
+    await rt.create(spec("lim", rt_image, memory_bytes=256 << 20, cpu_cores=0.5, pids_limit=123))
+    mem = cg.controller_dir("lim", "memory")
+    cpu = cg.controller_dir("lim", "cpu")
+    pids = cg.controller_dir("lim", "pids")
+    assert mem and cpu and pids
+    assert int((mem / "memory.limit_in_bytes").read_text()) == 256 << 20
+    if (mem / "memory.memsw.limit_in_bytes").exists():
+        assert int((mem / "memory.memsw.limit_in_bytes").read_text()) == 256 << 20
+    assert int((cpu / "cpu.cfs_quota_us").read_text()) == 50_000
+    assert int((cpu / "cpu.cfs_period_us").read_text()) == 100_000
+    assert (pids / "pids.max").read_text().strip() == "123"
+    # the sandbox sees its own limits through its read-only cgroupfs (execd's metrics read it)
+    r = runc_exec(rt, "lim", "cat /sys/fs/cgroup/memory/memory.limit_in_bytes; "
+                  "echo 1 > /sys/fs/cgroup/pids/pids.max || echo refused")
+    assert r.stdout.split()[0] == str(256 << 20)
+    assert "refused" in r.stdout
+
+
+async def test_runtime_pids_limit_caps_the_request(runtime_data_dir: Path, rt_image: Image) -> None:
+    from sandlot.config import Config
+
+    cfg = Config(data_dir=runtime_data_dir)
+    cfg.runtime.pids_limit = 77
+    rt = await OciRuntime.open(cfg)
+    try:
+        await rt.create(spec("pidcap", rt_image, pids_limit=4096))
+        pids = cg.controller_dir("pidcap", "pids")
+        assert pids and (pids / "pids.max").read_text().strip() == "77"
+    finally:
+        await rt.delete("pidcap")
+        await rt.close()
+
+
+async def test_bad_requests(oci_runtime: OciRuntime, rt_image: Image, tmp_path: Path) -> None:
+    rt = oci_runtime
+    with pytest.raises(InvalidRequest):
+        await rt.create(spec("../evil", rt_image))
+    await rt.create(spec("dup", rt_image))
+    with pytest.raises(Conflict):
+        await rt.create(spec("dup", rt_image))
+    assert (await rt.inspect("dup")).state == ContainerState.RUNNING
+    with pytest.raises(NotFound):
+        await rt.pause("nosuch")
+    with pytest.raises(NotFound):
+        await rt.open_connection("nosuch", 80)
+
+
+async def test_failed_create_leaves_nothing(oci_runtime: OciRuntime, tmp_path: Path) -> None:
+    rt = oci_runtime
+    broken = Image(name="broken", id="broken", lower_dirs=[tmp_path / "missing-layer"])
+    with pytest.raises(RuntimeFailure):
+        await rt.create(spec("broken", broken))
+    assert leftovers(rt, "broken") == []
+    # runc itself fails half-way (a file bind-mounted onto a directory): all undone as well
+    (tmp_path / "layer" / "etc" / "hosts").mkdir(parents=True)
+    bad = Image(name="b2", id="b2", lower_dirs=[tmp_path / "layer"])
+    with pytest.raises(RuntimeFailure) as err:
+        await rt.create(spec("b2", bad))
+    assert "runc" in err.value.message
+    assert leftovers(rt, "b2") == []
+    assert not cg.sandbox_cgroup_dirs("b2")
+
+
+async def test_open_connection_reaches_port_inside(
+    oci_runtime: OciRuntime, rt_image: Image
+) -> None:
+    rt = oci_runtime
+    await rt.create(spec("net", rt_image))
+    proc = await asyncio.create_subprocess_exec(
+        rt.runc.binary, "--root", str(rt.runc.root), "exec", "-d", "net",
+        "python3", "-m", "http.server", "--bind", "127.0.0.1", "8123",
+    )
+    await proc.wait()
+    for _ in range(200):
+        try:
+            reader, writer = await rt.open_connection("net", 8123)
+            break
+        except OSError:
+            await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("port 8123 in the sandbox never accepted a connection")
+    writer.write(b"GET / HTTP/1.0\r\n\r\n")
+    await writer.drain()
+    data = await reader.read()
+    writer.close()
+    assert data.startswith(b"HTTP/1.0 200")
+    # the host's own loopback does not have the sandbox's port
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", 8123)
+    # the calling thread's namespace was restored: this process still sees the host's links
+    assert os.path.exists("/sys/class/net/lo")
+
+
+async def test_sandboxes_survive_a_new_runtime_instance(
+    runtime_data_dir: Path, rt_image: Image
+) -> None:
+    """A server restart opens a fresh OciRuntime on the same data dir and finds its sandboxes."""
+    first = await open_runtime(runtime_data_dir)
+    await first.create(spec("keep", rt_image))
+    await wait_ping(first, "keep")
+    await first.close()
+    second = await open_runtime(runtime_data_dir)
+    try:
+        assert "keep" in await second.list_ids()
+        assert (await second.inspect("keep")).state == ContainerState.RUNNING
+        await wait_ping(second, "keep")
+    finally:
+        await second.delete("keep")
+        await second.close()
+    assert leftovers(second, "keep") == []
