@@ -31,3 +31,16 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/pip" install -q -e '.[test]'
   touch "$stamp"
 fi
+
+# Kernels the code-interpreter tests drive on the host: bash_kernel's kernelspec in the venv,
+# and TypeScript for sandlot's native JS/TS contexts (Node.js itself comes with the machine or apt).
+if [ ! -f "$VENV/share/jupyter/kernels/bash/kernel.json" ]; then
+  "$VENV/bin/python" -m bash_kernel.install --sys-prefix >/dev/null
+fi
+if ! command -v node >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+if ! node -e "require.resolve('typescript')" 2>/dev/null \
+   && [ ! -d "$(npm root -g 2>/dev/null)/typescript" ]; then
+  npm install -g --no-fund --no-audit typescript@5 >/dev/null
+fi

@@ -154,11 +154,18 @@ class RecipeBuilder:
         policy = rootfs / "usr" / "sbin" / "policy-rc.d"
         policy.write_text(_POLICY_RC)
         policy.chmod(0o755)
+        host_ca = _host_ca_bundle()
+        if host_ca is not None:
+            # Build steps (pip, npm, curl) must trust what the host trusts, e.g. a site's TLS
+            # proxy; the bundle is removed again in _finish so the image does not carry it.
+            shutil.copyfile(host_ca, rootfs / BUILD_CA_PATH.lstrip("/"))
 
     def _finish(self, rootfs: Path) -> None:
         """Undo build-only changes and drop what an image should not carry."""
         with contextlib.suppress(FileNotFoundError):
             (rootfs / "usr" / "sbin" / "policy-rc.d").unlink()
+        with contextlib.suppress(FileNotFoundError):
+            (rootfs / BUILD_CA_PATH.lstrip("/")).unlink()
         (rootfs / "etc" / "resolv.conf").write_text("# provided by the sandbox runtime\n")
         lists = rootfs / "var" / "lib" / "apt" / "lists"
         if lists.is_dir():
@@ -176,6 +183,9 @@ class RecipeBuilder:
             env.update(_env_dict(parent.config.env))
         env.update(rec.env)
         env["DEBIAN_FRONTEND"] = "noninteractive"
+        if _host_ca_bundle() is not None:
+            for name in _CA_ENV_NAMES:
+                env[name] = BUILD_CA_PATH
         return env
 
     def _config(self, rec: Recipe, parent: Image | None) -> ImageConfig:
@@ -234,6 +244,26 @@ class RecipeBuilder:
         if rc != 0:
             output = "\n".join(tail)
             raise ImageBuildError(f"{what} failed (exit {rc}):\n{output}")
+
+
+BUILD_CA_PATH = "/etc/sandlot-build-ca.crt"
+_CA_ENV_NAMES = (
+    "SSL_CERT_FILE",
+    "PIP_CERT",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "npm_config_cafile",
+    "GIT_SSL_CAINFO",
+)
+
+
+def _host_ca_bundle() -> Path | None:
+    """The CA bundle the host's own tools use, if there is one."""
+    for candidate in (os.environ.get("SSL_CERT_FILE"), "/etc/ssl/certs/ca-certificates.crt"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
 
 
 def recipe_digest(rec: Recipe) -> str:

@@ -36,8 +36,9 @@ def _num(env: Mapping[str, str], name: str, default: float) -> float:
 class CodeSettings:
     """What the code service needs to know; build with :meth:`from_env`."""
 
-    # Languages to pre-start one idle kernel for ("" = none).
-    prestart: tuple[str, ...] = ("python",)
+    # Languages to pre-start one idle kernel for ("" = none). None by default: a warm kernel
+    # costs ~60 MB, so only images made for code (the code-interpreter recipe) ask for one.
+    prestart: tuple[str, ...] = ()
     # Restrict the offered languages (empty = everything discovered).
     languages: tuple[str, ...] = ()
     # fnmatch patterns (case-insensitive) of environment variable names kept out of kernels.
@@ -70,7 +71,7 @@ class CodeSettings:
         )
         ready = env.get("SANDLOT_CODE_READY_PORT", env.get("JUPYTER_PORT", "44771")).strip()
         return cls(
-            prestart=_split(env.get("SANDLOT_CODE_PRESTART", "python")),
+            prestart=_split(env.get("SANDLOT_CODE_PRESTART", "")),
             languages=_split(env.get("SANDLOT_CODE_LANGUAGES", "")),
             strip_env=_split(env.get("SANDLOT_CODE_STRIP_ENV", "")),
             max_output_bytes=int(_num(env, "SANDLOT_CODE_MAX_OUTPUT_BYTES", 1 << 20)),

@@ -1,0 +1,122 @@
+"""A real execd (``python -m sandlot.execd``) on loopback, driven by the released SDK's adapter."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from code_interpreter.adapters.code_adapter import CodesAdapter
+from opensandbox.config import ConnectionConfig
+from opensandbox.models.sandboxes import SandboxEndpoint
+
+TOKEN = "code-test-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Execd:
+    url: str
+    endpoint: str
+    proc: subprocess.Popen[bytes]
+    workdir: str
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"X-EXECD-ACCESS-TOKEN": TOKEN},
+                            timeout=60)
+
+
+def start_execd(env_extra: dict[str, str], preexec: list[str] | None = None) -> Execd:
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="sandlot-code-test-")
+    env = {**os.environ, "SANDLOT_CODE_READY_PORT": "0", **env_extra}
+    argv = [sys.executable, str(Path(__file__).with_name("serve_code.py")), str(port), TOKEN,
+            workdir]
+    if preexec:
+        argv = [*preexec, *argv]
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            stop_execd(Execd(url, "", proc, workdir))
+            raise RuntimeError(f"execd exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/ping", headers={"X-EXECD-ACCESS-TOKEN": TOKEN},
+                         timeout=2).status_code == 200:
+                return Execd(url, f"127.0.0.1:{port}", proc, workdir)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    stop_execd(Execd(url, "", proc, workdir))
+    raise RuntimeError("execd did not answer /ping")
+
+
+def stop_execd(execd: Execd) -> None:
+    """Stop execd and everything it started (kernels included), then remove its workdir."""
+    try:
+        tree = psutil.Process(execd.proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    execd.proc.send_signal(signal.SIGTERM)
+    try:
+        execd.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        execd.proc.kill()
+        execd.proc.wait(10)
+    for child in tree:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=10)
+    import shutil
+
+    shutil.rmtree(execd.workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def execd() -> Iterator[Execd]:
+    server = start_execd({
+        "SANDLOT_CODE_PRESTART": "python,bash",
+        "SANDLOT_CODE_STRIP_ENV": "*_SECRET*,*TOKEN*",
+        "SANDLOT_CODE_TEST_CANARY": "x",
+        "MY_APP_SECRET_KEY": "hunter2",
+        "PLAIN_SETTING": "visible",
+    })
+    yield server
+    stop_execd(server)
+
+
+def make_codes(endpoint: str) -> CodesAdapter:
+    """The SDK's code service for an execd endpoint, built the way CodeInterpreter.create does."""
+    config = ConnectionConfig(request_timeout=timedelta(seconds=120))
+    ep = SandboxEndpoint(endpoint=endpoint, headers={"X-EXECD-ACCESS-TOKEN": TOKEN})
+    return CodesAdapter(ep, config)
+
+
+@pytest.fixture
+async def codes(execd: Execd) -> AsyncIterator[CodesAdapter]:
+    adapter = make_codes(execd.endpoint)
+    yield adapter
+    await adapter.aclose()
+
+
+def read_path(p: str) -> str:
+    return Path(p).read_text()

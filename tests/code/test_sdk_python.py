@@ -1,0 +1,110 @@
+"""The issue's acceptance for Python, through the released opensandbox-code-interpreter SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from code_interpreter.models.code import SupportedLanguage
+from opensandbox.models.execd import ExecutionHandlers
+
+HELLO = "import sys; print('Hello from Python!'); {'py': sys.version.split()[0], 'sum': 2+2}"
+
+
+async def test_hello_and_result_dict(codes):
+    ctx = await codes.create_context(SupportedLanguage.PYTHON)
+    ex = await codes.run(HELLO, context=ctx)
+    assert ex.error is None
+    assert "".join(m.text for m in ex.logs.stdout) == "Hello from Python!\n"
+    assert len(ex.result) == 1
+    assert "'sum': 4" in ex.result[0].text and "'py': '3." in ex.result[0].text
+    assert ex.execution_count == 1
+    assert ex.complete is not None and ex.id
+    await codes.delete_context(ctx.id)
+
+
+async def test_state_persists_in_context_not_across(codes):
+    a = await codes.create_context(SupportedLanguage.PYTHON)
+    b = await codes.create_context(SupportedLanguage.PYTHON)
+    assert a.id != b.id
+    await codes.run("x = 41\nimport os; os.chdir('/tmp')", context=a)
+    ex = await codes.run("x + 1, os.getcwd()", context=a)
+    assert ex.result[0].text == "(42, '/tmp')"
+    ex = await codes.run("x", context=b)
+    assert ex.error is not None and ex.error.name == "NameError"
+    assert any("NameError" in line for line in ex.error.traceback)
+    for c in (a, b):
+        await codes.delete_context(c.id)
+
+
+async def test_interrupt_stops_busy_loop_and_context_survives(codes):
+    ctx = await codes.create_context(SupportedLanguage.PYTHON)
+    await codes.run("y = 7", context=ctx)
+    started = asyncio.Event()
+    ids: list[str] = []
+
+    async def on_init(init):
+        ids.append(init.id)
+        started.set()
+
+    run = asyncio.create_task(codes.run(
+        "while True: pass", context=ctx, handlers=ExecutionHandlers(on_init=on_init)))
+    await asyncio.wait_for(started.wait(), 30)
+    await asyncio.sleep(0.3)
+    t0 = time.monotonic()
+    await codes.interrupt(ids[0])
+    ex = await asyncio.wait_for(run, 10)
+    assert time.monotonic() - t0 < 2.0
+    assert ex.error is not None and ex.error.name == "KeyboardInterrupt"
+    after = await codes.run("y * 6", context=ctx)
+    assert after.error is None and after.result[0].text == "42"
+    await codes.delete_context(ctx.id)
+
+
+async def test_syntax_error_is_an_error_event(codes):
+    ex = await codes.run("def broken(:\n  pass", language=SupportedLanguage.PYTHON)
+    assert ex.error is not None
+    assert ex.error.name == "SyntaxError"
+    assert ex.result == []
+
+
+async def test_matplotlib_figure_arrives_as_png(execd):
+    import base64
+
+    import httpx
+
+    from .conftest import TOKEN
+
+    code = (
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2, 3], [1, 4, 9])\n"
+        "plt.title('squares')\n"
+        "plt.show()\n"
+    )
+    events = []
+    async with httpx.AsyncClient(timeout=120) as client:
+        async with client.stream("POST", execd.url + "/code",
+                                 headers={"X-EXECD-ACCESS-TOKEN": TOKEN},
+                                 json={"code": code, "context": {"language": "python"}}) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            import json
+
+            async for line in r.aiter_lines():
+                if line.startswith("data:"):
+                    events.append(json.loads(line[5:]))
+    results = [e for e in events if e["type"] == "result"]
+    assert results, events
+    png = base64.b64decode(results[0]["results"]["image/png"])
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert "text/plain" in results[0]["results"]
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "init" and kinds[-1] == "execution_complete"
+    assert all("timestamp" in e for e in events)
+    assert isinstance(events[-1]["execution_time"], int)
+
+
+async def test_default_context_keeps_state(codes):
+    await codes.run("default_var = 'kept'", language=SupportedLanguage.PYTHON)
+    ex = await codes.run("default_var", language=SupportedLanguage.PYTHON)
+    assert ex.result[0].text == "'kept'"

@@ -1,0 +1,112 @@
+"""Unit tests of the pure parts: event shaping and caps, kernelspec discovery, settings, OOM."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandlot.execd.code.catalog import KernelCatalog, canonical
+from sandlot.execd.code.events import EventShaper
+from sandlot.execd.code.kernels.base import KernelDied, Output
+from sandlot.execd.code.kernels.exitwatch import returncode
+from sandlot.execd.code.oom import OomWatch, oom_kills
+from sandlot.execd.code.settings import CodeSettings
+
+
+def test_result_bundle_keeps_every_mime_and_mirrors_text():
+    shaper = EventShaper(1000, 1000)
+    data = {"image/png": "iVBOR", "text/plain": "<Figure>", "text/html": "<b>x</b>",
+            "image/svg+xml": "<svg/>", "application/json": {"a": 1}}
+    (ev,) = shaper.shape(Output("result", data=data))
+    assert ev["type"] == "result" and isinstance(ev["timestamp"], int)
+    assert {k: ev["results"][k] for k in data} == data
+    assert ev["results"]["text"] == "<Figure>"
+
+
+def test_oversized_binary_result_is_dropped_with_a_note():
+    shaper = EventShaper(1000, 10)
+    (ev,) = shaper.shape(Output("result", data={"image/png": "A" * 50, "text/plain": "fig"}))
+    assert "image/png" not in ev["results"]
+    assert ev["results"]["text"].startswith("fig\n[image/png output of")
+
+
+def test_stream_cap_marks_once_then_drops():
+    shaper = EventShaper(10, 100)
+    first = shaper.shape(Output("stdout", text="12345"))
+    second = shaper.shape(Output("stderr", text="abcdefgh"))
+    third = shaper.shape(Output("stdout", text="more"))
+    assert first[0]["text"] == "12345"
+    assert second[0]["text"].startswith("abcde\n[output truncated")
+    assert third == []
+
+
+def test_error_and_count_events():
+    shaper = EventShaper(10, 10)
+    (err,) = shaper.shape(Output("error", ename="ValueError", evalue="bad", traceback=["t"]))
+    assert err["error"] == {"ename": "ValueError", "evalue": "bad", "traceback": ["t"]}
+    assert shaper.shape(Output("count")) == []
+    (cnt,) = shaper.shape(Output("count", count=3))
+    assert cnt["execution_count"] == 3
+
+
+def test_catalog_resolves_specs_and_aliases(tmp_path: Path):
+    image_dir = tmp_path / "image-kernels"
+    (image_dir / "mybash").mkdir(parents=True)
+    (image_dir / "mybash" / "kernel.json").write_text(json.dumps(
+        {"argv": ["bash", "-c", "true", "{connection_file}"], "language": "Bash",
+         "display_name": "B"}))
+    (image_dir / "ghost").mkdir()
+    (image_dir / "ghost" / "kernel.json").write_text(json.dumps(
+        {"argv": ["/no/such/interpreter", "{connection_file}"], "language": "ghostlang"}))
+    (image_dir / "broken").mkdir()
+    (image_dir / "broken" / "kernel.json").write_text("{not json")
+    catalog = KernelCatalog((str(image_dir),), "/usr/bin:/bin")
+    specs = catalog.discover()
+    assert specs["bash"].kind == "jupyter"
+    argv = catalog.ksm.get_kernel_spec(specs["bash"].target).argv
+    assert Path(argv[0]).is_absolute() and argv[0].endswith("/bash")
+    assert "ghostlang" not in specs
+    # python comes from an interpreter with ipykernel (this venv's at least).
+    assert specs["python"].kind == "jupyter"
+    assert Path(catalog.ksm.get_kernel_spec(specs["python"].target).argv[0]).is_absolute()
+    limited = catalog.discover(("sh",))
+    assert list(limited) == ["bash"]
+    assert canonical("JS") == "javascript" and canonical("python3") == "python"
+
+
+def test_settings_from_env():
+    s = CodeSettings.from_env({
+        "SANDLOT_CODE_PRESTART": "python, bash", "SANDLOT_CODE_STRIP_ENV": "*KEY*;*TOKEN*",
+        "SANDLOT_CODE_MAX_OUTPUT_BYTES": "123", "JUPYTER_PORT": "5000",
+    })
+    assert s.prestart == ("python", "bash")
+    assert s.strip_env == ("*KEY*", "*TOKEN*")
+    assert s.max_output_bytes == 123 and s.ready_port == 5000
+    assert CodeSettings.from_env({"SANDLOT_CODE_READY_PORT": "0"}).ready_port == 0
+    assert CodeSettings.from_env({}).prestart == ()
+    with pytest.raises(ValueError):
+        CodeSettings.from_env({"SANDLOT_CODE_EXEC_TIMEOUT": "soon"})
+
+
+def test_exit_status_helpers(tmp_path: Path):
+    assert KernelDied(-9).killed and not KernelDied(1).killed
+    assert "SIGKILL" in str(KernelDied(-9))
+    assert returncode(None, 3) == 3
+    (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert oom_kills(tmp_path) == 2
+    assert oom_kills(None) is None
+    watch = OomWatch(None)
+    assert watch.was_oom(True) and not watch.was_oom(False)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="cgroups are Linux")
+def test_oom_counter_readable_for_self():
+    import os
+
+    from sandlot.execd.code.oom import memory_cgroup
+
+    cg = memory_cgroup(os.getpid())
+    assert cg is None or cg.is_dir()
