@@ -1,0 +1,1 @@
+"""HTTP routes of the control plane; thin wrappers over ``SandboxService``."""

@@ -1,0 +1,140 @@
+"""Lifecycle routes (sandbox-lifecycle.yml), served under /v1 and unversioned."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import parse_qsl
+
+from fastapi import APIRouter, Body, Path, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from sandlot.errors import InvalidRequest, Unsupported
+from sandlot.server.api.schemas import (
+    CreateSandboxRequest,
+    RenewRequest,
+    rfc3339,
+    sandbox_json,
+)
+from sandlot.server.service import SandboxService
+
+router = APIRouter()
+
+
+def _svc(request: Request) -> SandboxService:
+    return request.app.state.service  # type: ignore[no-any-return]
+
+
+def _metadata_filter(raw: str | None) -> dict[str, str] | None:
+    if not raw:
+        return None
+    pairs = parse_qsl(raw, keep_blank_values=True, strict_parsing=False)
+    if not pairs:
+        raise InvalidRequest(f"metadata filter {raw!r} has no key=value pairs")
+    return dict(pairs)
+
+
+@router.post("/sandboxes", status_code=202)
+async def create_sandbox(request: Request, body: CreateSandboxRequest) -> JSONResponse:
+    rec = await _svc(request).create(body)
+    return JSONResponse(
+        sandbox_json(rec, full=False),
+        status_code=202,
+        headers={"Location": f"/v1/sandboxes/{rec.id}"},
+    )
+
+
+@router.get("/sandboxes")
+async def list_sandboxes(
+    request: Request,
+    state: Annotated[list[str] | None, Query()] = None,
+    metadata: Annotated[str | None, Query()] = None,
+    page: Annotated[int, Query(ge=1)] = 1,
+    page_size: Annotated[int, Query(alias="pageSize", ge=1, le=1000)] = 20,
+) -> dict:
+    result = _svc(request).list(state, _metadata_filter(metadata), page, page_size)
+    return {
+        "items": [sandbox_json(r) for r in result.items],
+        "pagination": {
+            "page": result.page,
+            "pageSize": result.page_size,
+            "totalItems": result.total_items,
+            "totalPages": result.total_pages,
+            "hasNextPage": result.has_next_page,
+        },
+    }
+
+
+@router.get("/sandboxes/{sandbox_id}")
+async def get_sandbox(request: Request, sandbox_id: str) -> dict:
+    return sandbox_json(_svc(request).get(sandbox_id))
+
+
+@router.delete("/sandboxes/{sandbox_id}", status_code=204)
+async def delete_sandbox(request: Request, sandbox_id: str) -> Response:
+    await _svc(request).delete(sandbox_id)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/pause", status_code=202)
+async def pause_sandbox(request: Request, sandbox_id: str) -> Response:
+    await _svc(request).pause(sandbox_id)
+    return Response(status_code=202)
+
+
+@router.post("/sandboxes/{sandbox_id}/resume", status_code=202)
+async def resume_sandbox(request: Request, sandbox_id: str) -> Response:
+    await _svc(request).resume(sandbox_id)
+    return Response(status_code=202)
+
+
+@router.post("/sandboxes/{sandbox_id}/renew-expiration")
+async def renew_expiration(request: Request, sandbox_id: str, body: RenewRequest) -> dict:
+    rec = await _svc(request).renew(sandbox_id, body.expires_at)
+    assert rec.expires_at is not None
+    return {"expiresAt": rfc3339(rec.expires_at)}
+
+
+@router.patch("/sandboxes/{sandbox_id}/metadata")
+async def patch_metadata(
+    request: Request,
+    sandbox_id: str,
+    patch: Annotated[dict[str, str | None], Body()],
+) -> dict:
+    return sandbox_json(await _svc(request).patch_metadata(sandbox_id, patch))
+
+
+@router.get("/sandboxes/{sandbox_id}/endpoints/{port}")
+async def get_endpoint(
+    request: Request,
+    sandbox_id: str,
+    port: Annotated[int, Path(ge=1, le=65535)],
+    use_server_proxy: bool = False,
+    expires: str | None = None,
+) -> dict:
+    if expires is not None:
+        raise Unsupported("signed endpoints (expires=...) are not supported by this server")
+    authority = request.headers.get("host") or f"{request.url.hostname}:{request.url.port}"
+    return await _svc(request).endpoint(sandbox_id, port, use_server_proxy, authority)
+
+
+# ----- features this server does not offer: explicit errors, not silent stubs ----------
+
+_NO_SNAPSHOTS = "snapshots are not supported by this server (the oci runtime has no snapshot store)"
+_NO_TEMPLATES = "templates (fsb golden images) are not supported by this server"
+
+
+@router.post("/sandboxes/{sandbox_id}/snapshots")
+async def create_snapshot(sandbox_id: str) -> None:
+    raise Unsupported(_NO_SNAPSHOTS)
+
+
+@router.api_route("/snapshots", methods=["GET"])
+@router.api_route("/snapshots/{snapshot_id}", methods=["GET", "DELETE"])
+async def snapshots(snapshot_id: str | None = None) -> None:
+    raise Unsupported(_NO_SNAPSHOTS)
+
+
+@router.api_route("/templates", methods=["GET", "POST"])
+@router.api_route("/templates/{template_id}", methods=["GET", "DELETE"])
+async def templates(template_id: str | None = None) -> None:
+    raise Unsupported(_NO_TEMPLATES)

@@ -1,0 +1,58 @@
+"""The control-plane ASGI app: ``create_app(cfg, runtime, images)``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from sandlot import __version__
+from sandlot.config import Config
+from sandlot.runtime.base import Runtime
+from sandlot.server.api import meta, proxy, sandboxes, sdk_metrics
+from sandlot.server.auth import ApiKeyMiddleware
+from sandlot.server.errors import install_error_handlers
+from sandlot.server.service import ImageSource, SandboxService
+from sandlot.server.store import SandboxStore
+
+
+def create_app(cfg: Config, runtime: Runtime, images: ImageSource) -> FastAPI:
+    """Build the app; the store opens and the runtime is reconciled in its lifespan.
+
+    The runtime and image store are owned by the caller (they outlive the app in tests and
+    are closed by ``run_server``).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = await SandboxStore.open(cfg.store_url)
+        service = SandboxService(cfg, runtime, images, store)
+        app.state.service = service
+        app.state.proxy_clients = proxy.ProxyClients(service)
+        try:
+            await service.start()
+            yield
+        finally:
+            await service.stop()
+            await app.state.proxy_clients.close()
+            await store.close()
+
+    app = FastAPI(
+        title="sandlot lifecycle API",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    install_error_handlers(app)
+    app.include_router(meta.router)
+    for prefix in ("/v1", ""):
+        app.include_router(sandboxes.router, prefix=prefix)
+        app.include_router(proxy.router, prefix=prefix)
+        app.include_router(sdk_metrics.router, prefix=prefix)
+    if not cfg.server.api_key and not cfg.server.insecure_no_auth:
+        raise ValueError("an API key is required unless server.insecure_no_auth is set")
+    app.add_middleware(ApiKeyMiddleware, api_key=cfg.server.api_key or None)
+    return app

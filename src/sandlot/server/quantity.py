@@ -1,0 +1,58 @@
+"""Kubernetes resource quantities ("500m", "2Gi", "1.5") as used in ``resourceLimits``."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+from sandlot.errors import InvalidRequest
+
+_SUFFIXES: dict[str, Decimal] = {
+    "": Decimal(1),
+    "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?([a-zA-Z]*)\s*$")
+
+
+def parse_quantity(value: str, what: str) -> Decimal:
+    """Parse a quantity; ``what`` names the field in the 400 message."""
+    match = _QUANTITY.match(str(value))
+    if not match or match.group(3) not in _SUFFIXES:
+        raise InvalidRequest(
+            f"resourceLimits.{what}: {value!r} is not a valid quantity "
+            "(examples: '500m', '2', '512Mi', '2Gi')"
+        )
+    number, exponent, suffix = match.groups()
+    try:
+        result = Decimal(number) * _SUFFIXES[suffix]
+        if exponent:
+            result *= Decimal(10) ** int(exponent)
+    except InvalidOperation as exc:  # pragma: no cover - regex already restricts input
+        raise InvalidRequest(f"resourceLimits.{what}: {value!r} is not a number") from exc
+    return result
+
+
+def parse_cpu(value: str) -> float:
+    cores = parse_quantity(value, "cpu")
+    if cores <= 0:
+        raise InvalidRequest(f"resourceLimits.cpu must be positive, got {value!r}")
+    return float(cores)
+
+
+def parse_memory(value: str) -> int:
+    size = parse_quantity(value, "memory")
+    if size < 4 * 2**20:
+        raise InvalidRequest(f"resourceLimits.memory must be at least 4Mi, got {value!r}")
+    return int(size)

@@ -1,0 +1,101 @@
+"""Start-up reconciliation: make the store and the runtime agree after a restart or crash.
+
+Rules: a record whose container vanished becomes ``Failed`` (never silently dropped);
+a container without a live record is deleted; expired sandboxes are reaped; interrupted
+deletes are finished; interrupted creates fail (their half-made container is removed);
+endpoint listeners reopen on the ports clients were given before; expiry timers are re-armed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from sandlot.runtime.base import ContainerState
+from sandlot.server.models import SandboxRecord, SandboxState, utcnow
+
+if TYPE_CHECKING:
+    from sandlot.server.service import SandboxService
+
+log = logging.getLogger(__name__)
+
+_LIVE_STATES = {
+    SandboxState.RUNNING,
+    SandboxState.PAUSING,
+    SandboxState.PAUSED,
+    SandboxState.RESUMING,
+}
+
+
+async def reconcile(svc: SandboxService) -> None:
+    runtime_ids = await svc.runtime.list_ids()
+    now = utcnow()
+    for rec in svc.records():
+        if rec.state in (SandboxState.STOPPING, SandboxState.TERMINATED):
+            await _finish_delete(svc, rec, rec.reason or "user_delete")
+            continue
+        if rec.expires_at is not None and rec.expires_at <= now:
+            rec.transition(SandboxState.STOPPING, "ttl_expiry", "expired while the server was down")
+            await svc.store.save(rec)
+            await _finish_delete(svc, rec, "ttl_expiry")
+            continue
+        if rec.state == SandboxState.PENDING:
+            with contextlib.suppress(Exception):
+                await svc.runtime.delete(rec.id)
+            await svc._set(
+                rec,
+                SandboxState.FAILED,
+                "ProvisioningInterrupted",
+                "the server stopped while this sandbox was being created",
+            )
+        elif rec.state in _LIVE_STATES:
+            info = await svc.runtime.inspect(rec.id)
+            if info.state == ContainerState.RUNNING:
+                if rec.state != SandboxState.RUNNING:
+                    await svc._set(rec, SandboxState.RUNNING, "Reconciled", "found running")
+            elif info.state == ContainerState.PAUSED:
+                if rec.state != SandboxState.PAUSED:
+                    await svc._set(rec, SandboxState.PAUSED, "Reconciled", "found paused")
+            elif info.state == ContainerState.MISSING:
+                await svc._set(
+                    rec,
+                    SandboxState.FAILED,
+                    "ContainerVanished",
+                    "the sandbox's container no longer exists in the runtime",
+                )
+            else:
+                with contextlib.suppress(Exception):
+                    await svc.runtime.delete(rec.id)
+                code = f" (exit code {info.exit_code})" if info.exit_code is not None else ""
+                await svc._set(
+                    rec,
+                    SandboxState.FAILED,
+                    "ContainerExited",
+                    f"the sandbox's init process is no longer running{code}",
+                )
+        svc.expiry.schedule(rec.id, rec.expires_at)
+
+    known = {rec.id for rec in svc.records()}
+    for orphan in runtime_ids - known:
+        log.warning("deleting orphaned container %s (no record in the store)", orphan)
+        try:
+            await svc.runtime.delete(orphan)
+        except Exception:
+            log.exception("could not delete orphaned container %s", orphan)
+
+    for (sandbox_id, port), host_port in (await svc.store.endpoint_ports()).items():
+        live = svc._records.get(sandbox_id)
+        if live is None or live.state not in _LIVE_STATES:
+            continue
+        try:
+            await svc.open_endpoint(sandbox_id, port, preferred=host_port)
+        except OSError:
+            log.exception("could not reopen endpoint %s:%s", sandbox_id, port)
+
+
+async def _finish_delete(svc: SandboxService, rec: SandboxRecord, reason: str) -> None:
+    try:
+        await svc._terminate(rec, reason)
+    except Exception:  # recorded as Failed/DeleteFailed by _terminate; keep starting up
+        log.exception("could not finish deleting %s", rec.id)

@@ -1,0 +1,478 @@
+"""SandboxService: the lifecycle rules (states, expiry, limits, endpoints) in one place.
+
+Routes call it and nothing else; it keeps the live records in memory, writes every change
+through to the store, and drives the runtime. Creation returns at once with a ``Pending``
+record; provisioning (image, container, execd readiness) runs in a background task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import platform as host_platform
+import secrets
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from sandlot.config import Config
+from sandlot.errors import (
+    Conflict,
+    ImageNotFound,
+    ImagePullError,
+    InvalidRequest,
+    NotFound,
+    SandlotError,
+    Unsupported,
+)
+from sandlot.images.model import Image, RegistryAuth
+from sandlot.runtime.base import Runtime, SandboxSpec
+from sandlot.server.api.schemas import CreateSandboxRequest
+from sandlot.server.endpoints import EndpointForwarder
+from sandlot.server.execd_probe import EXECD_TOKEN_HEADER, wait_for_execd
+from sandlot.server.expiry import ExpiryScheduler
+from sandlot.server.models import SandboxRecord, SandboxState, utcnow
+from sandlot.server.quantity import parse_cpu, parse_memory
+from sandlot.server.store import SandboxStore
+
+log = logging.getLogger(__name__)
+
+KEEP_ALIVE = ["tail", "-f", "/dev/null"]
+# OSEP-0009 (deprecated spelling, still what 1.x clients send): renew the TTL on proxy access.
+RENEW_ON_ACCESS_KEY = "access.renew.extend.seconds"
+_RENEW_ON_ACCESS_EVERY = 5.0  # seconds between persisted renewals of one sandbox
+EXECD_READY_TIMEOUT = 60.0
+_ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+class ImageSource(Protocol):
+    """What the service needs from the image store."""
+
+    def get(self, name: str) -> Image | None: ...
+
+    async def pull(self, name: str, auth: RegistryAuth | None = None, progress: Any = None) -> Any:
+        ...
+
+
+@dataclass
+class Page:
+    items: list[SandboxRecord]
+    page: int
+    page_size: int
+    total_items: int
+
+    @property
+    def total_pages(self) -> int:
+        return (self.total_items + self.page_size - 1) // self.page_size
+
+    @property
+    def has_next_page(self) -> bool:
+        return self.page < self.total_pages
+
+
+class SandboxService:
+    def __init__(
+        self, cfg: Config, runtime: Runtime, images: ImageSource, store: SandboxStore
+    ) -> None:
+        self.cfg = cfg
+        self.runtime = runtime
+        self.images = images
+        self.store = store
+        self.expiry = ExpiryScheduler(self._expire)
+        self.forwarder = EndpointForwarder(_bind_host(cfg.server.host), self._connect)
+        self._records: dict[str, SandboxRecord] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._provisioning: dict[str, asyncio.Task[None]] = {}
+        # Called with a sandbox id once it is gone (e.g. to drop pooled proxy clients).
+        self.terminate_hooks: list[Callable[[str], Awaitable[None]]] = []
+        self._last_access_renewal: dict[str, float] = {}
+
+    # ----- start-up and shutdown -------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the store and reconcile it with the runtime (see ``reconcile.py``)."""
+        from sandlot.server.reconcile import reconcile
+
+        for rec in await self.store.load_all():
+            self._records[rec.id] = rec
+        await reconcile(self)
+
+    async def stop(self) -> None:
+        """Stop serving; sandboxes keep running and are picked up by the next start."""
+        await self.expiry.close()
+        tasks = list(self._provisioning.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.forwarder.close()
+
+    # ----- queries ---------------------------------------------------------------------
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        rec = self._records.get(sandbox_id)
+        if rec is None or rec.state == SandboxState.TERMINATED:
+            raise NotFound(f"sandbox {sandbox_id} not found", code="SANDBOX_NOT_FOUND")
+        return rec
+
+    def records(self) -> list[SandboxRecord]:
+        return list(self._records.values())
+
+    def list(
+        self,
+        states: list[str] | None,
+        metadata: dict[str, str] | None,
+        page: int,
+        page_size: int,
+    ) -> Page:
+        wanted = {s.lower() for s in states} if states else None
+        matches = [
+            rec
+            for rec in self._records.values()
+            if rec.state != SandboxState.TERMINATED
+            and (wanted is None or rec.state.value.lower() in wanted)
+            and all(rec.metadata.get(k) == v for k, v in (metadata or {}).items())
+        ]
+        matches.sort(key=lambda r: (r.created_at, r.id))
+        start = (page - 1) * page_size
+        return Page(matches[start : start + page_size], page, page_size, len(matches))
+
+    # ----- create ----------------------------------------------------------------------
+
+    async def create(self, req: CreateSandboxRequest) -> SandboxRecord:
+        self._check_create(req)
+        limits = dict(req.resource_limits)
+        cpu = parse_cpu(limits["cpu"]) if "cpu" in limits else None
+        memory = parse_memory(limits["memory"]) if "memory" in limits else None
+        assert req.image is not None
+        now = utcnow()
+        rec = SandboxRecord(
+            id=str(uuid.uuid4()),
+            state=SandboxState.PENDING,
+            reason="Provisioning",
+            message="sandbox accepted; resolving image",
+            image_uri=req.image.uri,
+            entrypoint=list(req.entrypoint or KEEP_ALIVE),
+            execd_token=secrets.token_urlsafe(32),
+            created_at=now,
+            last_transition_at=now,
+            updated_at=now,
+            expires_at=now + timedelta(seconds=req.timeout) if req.timeout else None,
+            metadata=dict(req.metadata),
+            resource_limits=limits,
+            extensions=dict(req.extensions),
+            platform=req.platform.model_dump() if req.platform else None,
+            network_policy=req.network_policy,
+        )
+        auth = (
+            RegistryAuth(req.image.auth.username, req.image.auth.password)
+            if req.image.auth
+            else None
+        )
+        self._records[rec.id] = rec
+        await self.store.save(rec)
+        self.expiry.schedule(rec.id, rec.expires_at)
+        spec_parts = {"env": dict(req.env), "cpu": cpu, "memory": memory, "auth": auth}
+        task = asyncio.create_task(self._provision(rec, spec_parts))
+        self._provisioning[rec.id] = task
+        task.add_done_callback(self._provisioned)
+        return rec
+
+    def _provisioned(self, task: asyncio.Task[None]) -> None:
+        for sid, t in list(self._provisioning.items()):
+            if t is task:
+                del self._provisioning[sid]
+
+    def _check_create(self, req: CreateSandboxRequest) -> None:
+        if req.snapshot_id is not None:
+            raise Unsupported(
+                "creating a sandbox from a snapshot is not supported: this server does not "
+                "offer snapshots"
+            )
+        if req.template_id is not None:
+            raise Unsupported("template (fsb) sandboxes are not supported by this server")
+        if req.image is None:
+            raise InvalidRequest("image.uri is required")
+        limit = self.cfg.server.max_sandbox_timeout_seconds
+        if req.timeout is not None and limit is not None and req.timeout > limit:
+            raise InvalidRequest(
+                f"timeout {req.timeout}s exceeds the maximum sandbox timeout of {limit}s "
+                "(server.max_sandbox_timeout_seconds)"
+            )
+        if req.volumes:
+            raise Unsupported("volumes are not supported by the oci runtime yet")
+        if req.credential_proxy and req.credential_proxy.get("enabled"):
+            raise Unsupported("the credential proxy is not supported by this server")
+        if req.lifecycle and (req.lifecycle.get("preStart") or req.lifecycle.get("periodic")):
+            raise Unsupported("lifecycle hooks (preStart, periodic) are not supported yet")
+        renew = req.extensions.get(RENEW_ON_ACCESS_KEY)
+        if renew is not None and not (renew.isdigit() and 300 <= int(renew) <= 86400):
+            raise InvalidRequest(
+                f"extensions[{RENEW_ON_ACCESS_KEY!r}] must be a whole number of seconds "
+                f"from 300 to 86400, got {renew!r}"
+            )
+        gpu = req.resource_limits.get("gpu")
+        if gpu not in (None, "", "0"):
+            raise Unsupported("GPU resources are not supported by the oci runtime")
+        if req.platform is not None:
+            want_arch = _ARCHES.get(host_platform.machine(), host_platform.machine())
+            if req.platform.os != "linux" or req.platform.arch != want_arch:
+                raise InvalidRequest(
+                    f"platform {req.platform.os}/{req.platform.arch} cannot be satisfied: "
+                    f"this host runs linux/{want_arch}"
+                )
+
+    async def _provision(self, rec: SandboxRecord, parts: dict[str, Any]) -> None:
+        try:
+            image = await self._resolve_image(rec, parts["auth"])
+            spec = SandboxSpec(
+                sandbox_id=rec.id,
+                image=image,
+                entrypoint=rec.entrypoint,
+                env=parts["env"],
+                cpu_cores=parts["cpu"],
+                memory_bytes=parts["memory"],
+                pids_limit=self.cfg.runtime.pids_limit,
+                execd_token=rec.execd_token,
+            )
+            await self._set(rec, SandboxState.PENDING, "Starting", "starting the container")
+            await self.runtime.create(spec)
+            await wait_for_execd(
+                self.runtime.execd_socket(rec.id), rec.execd_token, EXECD_READY_TIMEOUT
+            )
+        except asyncio.CancelledError:
+            raise
+        except SandlotError as exc:
+            await self._fail_provisioning(rec, _reason_for(exc), exc.message)
+            return
+        except TimeoutError as exc:
+            await self._fail_provisioning(rec, "ExecdNotReady", str(exc))
+            return
+        except Exception as exc:
+            log.exception("provisioning %s failed", rec.id)
+            await self._fail_provisioning(rec, "RuntimeError", f"{type(exc).__name__}: {exc}")
+            return
+        if rec.state == SandboxState.PENDING:
+            await self._set(rec, SandboxState.RUNNING, "Ready", "execd answers /ping")
+
+    async def _resolve_image(self, rec: SandboxRecord, auth: RegistryAuth | None) -> Image:
+        image = self.images.get(rec.image_uri)
+        if image is not None:
+            return image
+        await self._set(rec, SandboxState.PENDING, "Pulling", f"pulling image {rec.image_uri}")
+        pulled = await self.images.pull(rec.image_uri, auth, None)
+        if isinstance(pulled, Image):
+            return pulled
+        image = self.images.get(rec.image_uri)
+        if image is None:
+            raise ImageNotFound(f"image {rec.image_uri} is not available after pulling it")
+        return image
+
+    async def _fail_provisioning(self, rec: SandboxRecord, reason: str, message: str) -> None:
+        # Leave nothing behind: the record stays (Failed, with why), the container goes.
+        with contextlib.suppress(Exception):
+            await self.runtime.delete(rec.id)
+        if rec.state == SandboxState.PENDING:
+            await self._set(rec, SandboxState.FAILED, reason, message)
+
+    # ----- state changes ---------------------------------------------------------------
+
+    def _lock(self, sandbox_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+
+    async def _set(
+        self, rec: SandboxRecord, state: SandboxState, reason: str | None, message: str | None
+    ) -> None:
+        rec.transition(state, reason, message)
+        await self.store.save(rec)
+
+    async def delete(self, sandbox_id: str, reason: str = "user_delete") -> None:
+        rec = self.get(sandbox_id)
+        task = self._provisioning.get(sandbox_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        async with self._lock(sandbox_id):
+            if rec.state in (SandboxState.STOPPING, SandboxState.TERMINATED):
+                raise Conflict(f"sandbox {sandbox_id} is already {rec.state.value}")
+            await self._set(rec, SandboxState.STOPPING, reason, "terminating the sandbox")
+            await self._terminate(rec, reason)
+
+    async def _terminate(self, rec: SandboxRecord, reason: str) -> None:
+        self.expiry.cancel(rec.id)
+        await self.forwarder.close_sandbox(rec.id)
+        try:
+            await self.runtime.delete(rec.id)
+        except Exception as exc:
+            log.exception("deleting %s failed", rec.id)
+            await self._set(rec, SandboxState.FAILED, "DeleteFailed", str(exc))
+            raise
+        rec.transition(SandboxState.TERMINATED, reason, "sandbox terminated")
+        await self.store.delete(rec.id)
+        self._records.pop(rec.id, None)
+        self._locks.pop(rec.id, None)
+        self._last_access_renewal.pop(rec.id, None)
+        for hook in self.terminate_hooks:
+            with contextlib.suppress(Exception):
+                await hook(rec.id)
+
+    async def _expire(self, sandbox_id: str) -> None:
+        rec = self._records.get(sandbox_id)
+        if rec is None or rec.expires_at is None or rec.expires_at > utcnow():
+            return
+        try:
+            await self.delete(sandbox_id, reason="ttl_expiry")
+        except (NotFound, Conflict):
+            pass
+
+    async def pause(self, sandbox_id: str) -> None:
+        rec = self.get(sandbox_id)
+        async with self._lock(sandbox_id):
+            if rec.state != SandboxState.RUNNING:
+                raise Conflict(
+                    f"sandbox {sandbox_id} is {rec.state.value}; only a Running sandbox can "
+                    "be paused",
+                    code="SANDBOX_STATE_CONFLICT",
+                )
+            await self._set(rec, SandboxState.PAUSING, "user_pause", "freezing processes")
+            try:
+                await self.runtime.pause(sandbox_id)
+            except Exception:
+                await self._set(rec, SandboxState.RUNNING, "PauseFailed", "pause failed")
+                raise
+            await self._set(rec, SandboxState.PAUSED, "user_pause", "processes frozen")
+
+    async def resume(self, sandbox_id: str) -> None:
+        rec = self.get(sandbox_id)
+        async with self._lock(sandbox_id):
+            if rec.state != SandboxState.PAUSED:
+                raise Conflict(
+                    f"sandbox {sandbox_id} is {rec.state.value}; only a Paused sandbox can "
+                    "be resumed",
+                    code="SANDBOX_STATE_CONFLICT",
+                )
+            await self._set(rec, SandboxState.RESUMING, "user_resume", "thawing processes")
+            try:
+                await self.runtime.resume(sandbox_id)
+            except Exception:
+                await self._set(rec, SandboxState.PAUSED, "ResumeFailed", "resume failed")
+                raise
+            await self._set(rec, SandboxState.RUNNING, "user_resume", "processes running")
+
+    async def renew(self, sandbox_id: str, expires_at: datetime) -> SandboxRecord:
+        rec = self.get(sandbox_id)
+        if expires_at.tzinfo is None:
+            raise InvalidRequest("expiresAt must carry a time zone (RFC 3339, e.g. ...Z)")
+        if expires_at <= utcnow():
+            raise InvalidRequest("expiresAt must be in the future")
+        async with self._lock(sandbox_id):
+            if rec.state in (SandboxState.STOPPING, SandboxState.TERMINATED, SandboxState.FAILED):
+                raise Conflict(
+                    f"sandbox {sandbox_id} is {rec.state.value}; its expiration cannot change",
+                    code="SANDBOX_STATE_CONFLICT",
+                )
+            rec.expires_at = expires_at
+            rec.updated_at = utcnow()
+            await self.store.save(rec)
+            self.expiry.schedule(sandbox_id, expires_at)
+        return rec
+
+    async def renew_on_access(self, sandbox_id: str) -> None:
+        """Push ``expiresAt`` out on proxied access when the sandbox opted in at create."""
+        rec = self._records.get(sandbox_id)
+        if rec is None or rec.expires_at is None:
+            return
+        seconds = rec.extensions.get(RENEW_ON_ACCESS_KEY)
+        if seconds is None:
+            return
+        loop_now = asyncio.get_running_loop().time()
+        if loop_now - self._last_access_renewal.get(sandbox_id, -1e9) < _RENEW_ON_ACCESS_EVERY:
+            return
+        new_expiry = utcnow() + timedelta(seconds=int(seconds))
+        if new_expiry <= rec.expires_at:
+            return
+        self._last_access_renewal[sandbox_id] = loop_now
+        async with self._lock(sandbox_id):
+            if rec.state in (SandboxState.STOPPING, SandboxState.TERMINATED):
+                return
+            rec.expires_at = new_expiry
+            rec.updated_at = utcnow()
+            await self.store.save(rec)
+            self.expiry.schedule(sandbox_id, new_expiry)
+
+    async def patch_metadata(self, sandbox_id: str, patch: dict[str, Any]) -> SandboxRecord:
+        rec = self.get(sandbox_id)
+        for key, value in patch.items():
+            if key.startswith("opensandbox.io/"):
+                raise InvalidRequest(
+                    f"metadata key {key!r} uses the reserved opensandbox.io/ prefix"
+                )
+            if value is not None and not isinstance(value, str):
+                raise InvalidRequest(f"metadata value for {key!r} must be a string or null")
+        async with self._lock(sandbox_id):
+            merged = dict(rec.metadata)
+            for key, value in patch.items():
+                if value is None:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+            rec.metadata = merged
+            rec.updated_at = utcnow()
+            await self.store.save(rec)
+        return rec
+
+    # ----- endpoints -------------------------------------------------------------------
+
+    async def endpoint(
+        self, sandbox_id: str, port: int, use_server_proxy: bool, server_authority: str
+    ) -> dict[str, Any]:
+        rec = self.get(sandbox_id)
+        if rec.state in (SandboxState.STOPPING, SandboxState.FAILED):
+            raise Conflict(
+                f"sandbox {sandbox_id} is {rec.state.value}: {rec.message or 'no endpoint'}",
+                code="SANDBOX_STATE_CONFLICT",
+            )
+        headers: dict[str, str] = {}
+        if port == self.cfg.execd.port:
+            headers[EXECD_TOKEN_HEADER] = rec.execd_token
+        if use_server_proxy:
+            url = f"{server_authority}/v1/sandboxes/{sandbox_id}/proxy/{port}"
+        else:
+            host_port = await self.open_endpoint(sandbox_id, port)
+            url = f"{self.cfg.server.endpoint_host}:{host_port}"
+        return {"endpoint": url, "headers": headers}
+
+    async def open_endpoint(
+        self, sandbox_id: str, port: int, preferred: int | None = None
+    ) -> int:
+        known = self.forwarder.port_of(sandbox_id, port)
+        if known is not None:
+            return known
+        host_port = await self.forwarder.open(sandbox_id, port, preferred)
+        if sandbox_id not in self._records:  # deleted meanwhile
+            await self.forwarder.close_sandbox(sandbox_id)
+            raise NotFound(f"sandbox {sandbox_id} not found", code="SANDBOX_NOT_FOUND")
+        await self.store.save_endpoint(sandbox_id, port, host_port)
+        return host_port
+
+    async def _connect(
+        self, sandbox_id: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if port == self.cfg.execd.port:
+            return await asyncio.open_unix_connection(str(self.runtime.execd_socket(sandbox_id)))
+        return await self.runtime.open_connection(sandbox_id, port)
+
+
+def _bind_host(host: str) -> str:
+    # Listeners follow the API's exposure: loopback API -> loopback endpoints.
+    return host or "127.0.0.1"
+
+
+def _reason_for(exc: SandlotError) -> str:
+    if isinstance(exc, ImageNotFound):
+        return "ImageNotFound"
+    if isinstance(exc, ImagePullError):
+        return "ImagePullFailed"
+    return "".join(part.capitalize() for part in exc.code.lower().split("_"))

@@ -1,0 +1,51 @@
+"""Versioned schema migrations, applied in order at start-up inside one transaction each.
+
+A hand-rolled list rather than Alembic: the schema is small, migrations must run unattended
+at every start of ``sandlot serve`` (no separate upgrade command), and on both SQLite and
+PostgreSQL through the same async engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from sqlalchemy import Connection, inspect, select
+
+from sandlot.server.store import tables
+
+
+def _v1_initial(conn: Connection) -> None:
+    tables.sandboxes.create(conn)
+    tables.endpoints.create(conn)
+
+
+# Append only. Index + 1 is the version number.
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1_initial]
+LATEST = len(MIGRATIONS)
+
+
+def current_version(conn: Connection) -> int:
+    if not inspect(conn).has_table(tables.schema_version.name):
+        tables.schema_version.create(conn)
+        return 0
+    row = conn.execute(
+        select(tables.schema_version.c.version).order_by(tables.schema_version.c.version.desc())
+    ).first()
+    return int(row[0]) if row else 0
+
+
+def migrate(conn: Connection) -> int:
+    """Bring the schema to ``LATEST``; returns the version found before migrating."""
+    found = current_version(conn)
+    if found > LATEST:
+        raise RuntimeError(
+            f"database schema version {found} is newer than this sandlot ({LATEST}); "
+            "upgrade sandlot"
+        )
+    for version in range(found + 1, LATEST + 1):
+        MIGRATIONS[version - 1](conn)
+        conn.execute(
+            tables.schema_version.insert().values(version=version, applied_at=time.time())
+        )
+    return found

@@ -1,0 +1,199 @@
+"""A real ``sandlot serve`` subprocess (real OciRuntime, real image store) for the released
+OpenSandbox clients to drive.
+
+Each server gets its own short data dir (unix socket paths must stay below 108 bytes) whose
+``images`` is the shared test image cache (``image_store``, with ``base`` tagged as
+``python:3.12``) and whose ``execd-bundle`` is a cache shared by all compat servers, so
+neither is rebuilt per server. Teardown deletes every sandbox through the API, stops the
+server, removes anything a crash left in the runtime, and deletes the data dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sandlot.config import Config
+from sandlot.images.store import ImageStore
+from tests.conftest import free_port
+
+COMPAT_IMAGE = "python:3.12"
+BUNDLE_CACHE = Path(os.environ.get("SANDLOT_TEST_BUNDLE", "/var/tmp/sandlot-test/execd-bundle"))
+
+
+def needs_root() -> None:
+    if os.geteuid() != 0 or shutil.which("runc") is None:
+        pytest.skip("sandlot serve's OCI runtime needs root and runc")
+
+
+class SandlotServer:
+    """One ``sandlot serve`` process; ``start``/``kill9``/``stop`` may be repeated."""
+
+    def __init__(self, image_root: Path, *, max_timeout: int = 3600):
+        self.data_dir = Path(tempfile.mkdtemp(prefix="slc-", dir="/tmp"))
+        (self.data_dir / "images").symlink_to(image_root)
+        BUNDLE_CACHE.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "execd-bundle").symlink_to(BUNDLE_CACHE)
+        self.port = free_port()
+        self.api_key = secrets.token_urlsafe(24)
+        self.config = self.data_dir / "sandlot.toml"
+        self.config.write_text(
+            f'data_dir = "{self.data_dir}"\n'
+            "[server]\n"
+            'host = "127.0.0.1"\n'
+            f"port = {self.port}\n"
+            f'api_key = "{self.api_key}"\n'
+            f"max_sandbox_timeout_seconds = {max_timeout}\n"
+        )
+        self.log = self.data_dir / "server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def domain(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.domain}"
+
+    def env(self) -> dict[str, str]:
+        """Environment for SDK scripts and ``osb`` (no ~/.opensandbox config is read)."""
+        return {
+            **os.environ,
+            "OPEN_SANDBOX_DOMAIN": self.domain,
+            "OPEN_SANDBOX_API_KEY": self.api_key,
+            "HOME": str(self.data_dir / "home"),
+        }
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"OPEN-SANDBOX-API-KEY": self.api_key}, timeout=30
+        )
+
+    def start(self, timeout: float = 600) -> None:
+        """Start and wait for /health (the first start may build the execd bundle)."""
+        log = open(self.log, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sandlot", "serve", "--config", str(self.config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={k: v for k, v in os.environ.items() if k != "OPENSANDBOX_SERVER_API_KEY"},
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sandlot serve exited:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"sandlot serve did not come up:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.proc = None
+
+    def delete_all_sandboxes(self) -> None:
+        if self.proc is None:
+            return
+        with self.client() as c:
+            items = c.get("/v1/sandboxes", params={"pageSize": 1000}).json().get("items", [])
+            for item in items:
+                c.delete(f"/v1/sandboxes/{item['id']}")
+
+    def runtime_ids(self) -> set[str]:
+        return _in_thread(self._runtime_ids())
+
+    async def _runtime_ids(self) -> set[str]:
+        from sandlot.runtime.oci import OciRuntime
+
+        rt = await OciRuntime.open(Config(data_dir=self.data_dir))
+        try:
+            return await rt.list_ids()
+        finally:
+            await rt.close()
+
+    async def _purge_runtime(self) -> None:
+        from sandlot.runtime.oci import OciRuntime
+
+        rt = await OciRuntime.open(Config(data_dir=self.data_dir))
+        try:
+            for sid in await rt.list_ids():
+                await rt.delete(sid)
+        finally:
+            await rt.close()
+
+    def destroy(self) -> None:
+        try:
+            self.delete_all_sandboxes()
+        finally:
+            self.stop()
+            _in_thread(self._purge_runtime())
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def _in_thread(coro):  # type: ignore[no-untyped-def]
+    """Run a coroutine to completion from sync code, even inside a running test loop."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+@pytest.fixture(scope="session")
+def compat_image_root(image_store: ImageStore, base_image: object) -> Path:
+    needs_root()
+    if image_store.get(COMPAT_IMAGE) is None:
+        image_store.tag("base", COMPAT_IMAGE)
+    return image_store.root
+
+
+@pytest.fixture(scope="module")
+def sandlot_server(compat_image_root: Path) -> Iterator[SandlotServer]:
+    server = SandlotServer(compat_image_root)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def fresh_server(compat_image_root: Path) -> Iterator[SandlotServer]:
+    """A server of the test's own (for restart tests that kill it)."""
+    server = SandlotServer(compat_image_root)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()

@@ -1,0 +1,42 @@
+"""Error statuses and the contract's ``{code, message}`` body, over real HTTP."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.compat.conftest import SandlotServer
+
+
+def assert_error(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"code", "message"} and body["code"] and body["message"]
+    return body  # type: ignore[no-any-return]
+
+
+def test_error_shapes(sandlot_server: SandlotServer) -> None:
+    with httpx.Client(base_url=sandlot_server.url, timeout=30) as anon:
+        assert anon.get("/health").json() == {"status": "healthy"}
+        assert_error(anon.get("/v1/sandboxes"), 401)
+        assert_error(anon.get("/sandboxes", headers={"OPEN-SANDBOX-API-KEY": "wrong"}), 401)
+
+    with sandlot_server.client() as c:
+        assert_error(c.get("/v1/sandboxes/not-a-sandbox"), 404)
+        assert_error(c.post("/v1/sandboxes/not-a-sandbox/pause"), 404)
+        body = {
+            "image": {"uri": "python:3.12"},
+            "entrypoint": ["tail", "-f", "/dev/null"],
+            "resourceLimits": {"cpu": "500m", "memory": "256Mi"},
+        }
+        err = assert_error(c.post("/v1/sandboxes", json={**body, "timeout": 999999}), 400)
+        assert "3600" in err["message"]
+        assert_error(c.post("/v1/sandboxes", json={**body, "timeout": "x"}), 422)
+        assert_error(c.post("/v1/sandboxes", json={"image": "not-an-object"}), 422)
+
+        sid = c.post("/v1/sandboxes", json={**body, "timeout": 600}).json()["id"]
+        try:
+            # Not yet Running (or Running): resume is always a conflict here.
+            assert_error(c.post(f"/v1/sandboxes/{sid}/resume"), 409)
+        finally:
+            assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
+        assert_error(c.delete(f"/v1/sandboxes/{sid}"), 404)

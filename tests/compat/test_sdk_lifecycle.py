@@ -1,0 +1,131 @@
+"""The released ``opensandbox`` SDK drives the whole lifecycle against ``sandlot serve``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from opensandbox import Sandbox, SandboxManager
+from opensandbox.config import ConnectionConfig
+from opensandbox.exceptions import SandboxException
+from opensandbox.models.sandboxes import SandboxFilter
+
+from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
+
+
+def conn(server: SandlotServer, proxy: bool = False) -> ConnectionConfig:
+    return ConnectionConfig(
+        domain=server.domain,
+        api_key=server.api_key,
+        use_server_proxy=proxy,
+        request_timeout=timedelta(seconds=60),
+    )
+
+
+async def test_sdk_lifecycle(sandlot_server: SandlotServer) -> None:
+    cfg = conn(sandlot_server)
+    sandbox = await Sandbox.create(
+        COMPAT_IMAGE,
+        connection_config=cfg,
+        metadata={"suite": "compat", "case": "lifecycle"},
+        resource={"cpu": "500m", "memory": "512Mi"},
+        timeout=timedelta(minutes=10),
+        ready_timeout=timedelta(seconds=60),
+    )
+    manager = await SandboxManager.create(connection_config=conn(sandlot_server))
+    try:
+        assert await sandbox.is_healthy()
+        info = await sandbox.get_info()
+        assert info.status.state == "Running"
+        assert info.metadata == {"suite": "compat", "case": "lifecycle"}
+        assert info.image is not None and info.image.image == COMPAT_IMAGE
+        assert info.expires_at is not None
+
+        page = await manager.list_sandbox_infos(
+            SandboxFilter(metadata={"case": "lifecycle"}, states=["Running"])
+        )
+        assert [i.id for i in page.sandbox_infos] == [sandbox.id]
+        assert page.pagination.total_items == 1
+
+        got = await manager.get_sandbox_info(sandbox.id)
+        assert got.id == sandbox.id and got.status.state == "Running"
+
+        before = datetime.now(UTC)
+        renewed = await sandbox.renew(timedelta(minutes=30))
+        assert renewed.expires_at >= before + timedelta(minutes=29)
+        assert (await sandbox.get_info()).expires_at == renewed.expires_at
+
+        await manager.pause_sandbox(sandbox.id)
+        assert (await manager.get_sandbox_info(sandbox.id)).status.state == "Paused"
+        with pytest.raises(SandboxException) as conflict:
+            await manager.pause_sandbox(sandbox.id)
+        assert "409" in str(conflict.value) or "Paused" in str(conflict.value)
+
+        resumed = await Sandbox.resume(
+            sandbox.id, connection_config=conn(sandlot_server), resume_timeout=timedelta(seconds=60)
+        )
+        try:
+            assert await resumed.is_healthy()
+            assert (await resumed.get_info()).status.state == "Running"
+        finally:
+            await resumed.close()
+
+        await sandbox.kill()
+        with pytest.raises(SandboxException):
+            await manager.get_sandbox_info(sandbox.id)
+        assert sandbox.id not in sandlot_server.runtime_ids()
+    finally:
+        await sandbox.close()
+        await manager.close()
+
+
+@pytest.mark.parametrize("proxy", [False, True], ids=["direct", "server-proxy"])
+async def test_sdk_commands_and_files(sandlot_server: SandlotServer, proxy: bool) -> None:
+    from opensandbox.models.filesystem import WriteEntry
+
+    sandbox = await Sandbox.create(
+        COMPAT_IMAGE,
+        connection_config=conn(sandlot_server, proxy),
+        ready_timeout=timedelta(seconds=60),
+    )
+    try:
+        endpoint = await sandbox.get_endpoint(44772)
+        if proxy:
+            assert f"/sandboxes/{sandbox.id}/proxy/44772" in endpoint.endpoint
+        else:
+            assert endpoint.endpoint.startswith("127.0.0.1:")
+        execution = await sandbox.commands.run("python -c 'print(1 + 1)'")
+        assert "".join(m.text for m in execution.logs.stdout).strip() == "2"
+        await sandbox.files.write_files(
+            [WriteEntry(path="/tmp/hello.txt", data="Hello World", mode=644)]
+        )
+        assert await sandbox.files.read_file("/tmp/hello.txt") == "Hello World"
+    finally:
+        await sandbox.destroy()
+
+
+async def test_missing_image_fails_with_reason(sandlot_server: SandlotServer) -> None:
+    with sandlot_server.client() as c:
+        r = c.post(
+            "/v1/sandboxes",
+            json={
+                "image": {"uri": "127.0.0.1:1/nothing/here:1"},
+                "entrypoint": ["tail", "-f", "/dev/null"],
+                "resourceLimits": {"cpu": "1", "memory": "1Gi"},
+                "timeout": 600,
+            },
+        )
+        assert r.status_code == 202, r.text
+        sid = r.json()["id"]
+        import time
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            status = c.get(f"/v1/sandboxes/{sid}").json()["status"]
+            if status["state"] != "Pending":
+                break
+            time.sleep(0.2)
+        assert status["state"] == "Failed", status
+        assert status["reason"] in ("ImageNotFound", "ImagePullFailed")
+        assert status["message"]
+        assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204

@@ -1,0 +1,194 @@
+"""In-process stand-ins for the runtime and image store, for the server's unit tests.
+
+The fake "execd" is a real HTTP server (uvicorn on the sandbox's unix socket), so readiness
+probing, direct endpoints and the server proxy (including SSE) are exercised for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from sandlot.errors import ImageNotFound, RuntimeFailure
+from sandlot.images.model import Image, RegistryAuth
+from sandlot.runtime.base import ContainerInfo, ContainerState, SandboxSpec
+
+
+def fake_execd_app(token: str | None) -> Starlette:
+    def authorized(request: Request | WebSocket) -> bool:
+        return token is None or request.headers.get("x-execd-access-token") == token
+
+    async def ping(request: Request) -> Response:
+        if not authorized(request):
+            return JSONResponse({"code": "UNAUTHORIZED", "message": "bad token"}, 401)
+        return PlainTextResponse("pong")
+
+    async def echo(request: Request) -> Response:
+        body = await request.body()
+        return JSONResponse(
+            {
+                "method": request.method,
+                "path": request.url.path,
+                "query": request.url.query,
+                "body": body.decode(),
+                "headers": {k.lower(): v for k, v in request.headers.items()},
+            }
+        )
+
+    async def events(request: Request) -> Response:
+        async def gen():  # type: ignore[no-untyped-def]
+            for i in range(3):
+                yield f"data: event {i}\n\n".encode()
+                await asyncio.sleep(0.05)
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    async def ws(websocket: WebSocket) -> None:
+        await websocket.accept()
+        with contextlib.suppress(Exception):
+            while True:
+                text = await websocket.receive_text()
+                await websocket.send_text(f"echo:{text}")
+
+    return Starlette(
+        routes=[
+            Route("/ping", ping),
+            Route("/echo", echo, methods=["GET", "POST", "PUT"]),
+            Route("/events", events),
+            WebSocketRoute("/ws", ws),
+        ]
+    )
+
+
+class FakeContainer:
+    def __init__(self, spec: SandboxSpec, socket_path: Path):
+        self.spec = spec
+        self.socket_path = socket_path
+        self.state = ContainerState.RUNNING
+        self.server: uvicorn.Server | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        config = uvicorn.Config(
+            fake_execd_app(self.spec.execd_token),
+            uds=str(self.socket_path),
+            log_level="warning",
+            lifespan="off",
+        )
+        self.server = uvicorn.Server(config)
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self.task = asyncio.create_task(self.server.serve())
+        while not self.server.started:
+            if self.task.done():
+                self.task.result()
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self.server is not None and self.task is not None:
+            self.server.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.task, 5)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+
+class FakeRuntime:
+    """Runtime protocol implementation whose sandboxes are in-process HTTP servers."""
+
+    name = "fake"
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.containers: dict[str, FakeContainer] = {}
+        self.created: list[SandboxSpec] = []
+        self.fail_create: str | None = None
+        self.tcp_services: dict[int, int] = {}  # sandbox port -> host port of a test server
+
+    async def create(self, spec: SandboxSpec) -> None:
+        if self.fail_create:
+            raise RuntimeFailure(self.fail_create)
+        self.created.append(spec)
+        c = FakeContainer(spec, self.execd_socket(spec.sandbox_id))
+        self.containers[spec.sandbox_id] = c
+        await c.start()
+
+    async def delete(self, sandbox_id: str) -> None:
+        c = self.containers.pop(sandbox_id, None)
+        if c is not None:
+            await c.stop()
+        shutil.rmtree(self.root / sandbox_id, ignore_errors=True)
+
+    async def pause(self, sandbox_id: str) -> None:
+        self._get(sandbox_id).state = ContainerState.PAUSED
+
+    async def resume(self, sandbox_id: str) -> None:
+        self._get(sandbox_id).state = ContainerState.RUNNING
+
+    def _get(self, sandbox_id: str) -> FakeContainer:
+        c = self.containers.get(sandbox_id)
+        if c is None:
+            raise RuntimeFailure(f"no container {sandbox_id}")
+        return c
+
+    async def inspect(self, sandbox_id: str) -> ContainerInfo:
+        c = self.containers.get(sandbox_id)
+        if c is None:
+            return ContainerInfo(sandbox_id, ContainerState.MISSING)
+        return ContainerInfo(sandbox_id, c.state, pid=1)
+
+    async def list_ids(self) -> set[str]:
+        return set(self.containers)
+
+    def execd_socket(self, sandbox_id: str) -> Path:
+        return self.root / sandbox_id / "execd.sock"
+
+    async def open_connection(
+        self, sandbox_id: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        self._get(sandbox_id)
+        if port not in self.tcp_services:
+            raise ConnectionRefusedError(f"nothing listens on port {port}")
+        return await asyncio.open_connection("127.0.0.1", self.tcp_services[port])
+
+    async def close(self) -> None:
+        pass
+
+    async def stop_all(self) -> None:
+        for sid in list(self.containers):
+            await self.delete(sid)
+
+
+class FakeImages:
+    def __init__(self, local: set[str], pullable: set[str] | None = None):
+        self.local = set(local)
+        self.pullable = set(pullable or ())
+        self.pulls: list[tuple[str, RegistryAuth | None]] = []
+        self.pull_gate: asyncio.Event | None = None
+
+    def _image(self, name: str) -> Image:
+        return Image(name=name, id="sha256:" + "0" * 64, lower_dirs=[])
+
+    def get(self, name: str) -> Image | None:
+        return self._image(name) if name in self.local else None
+
+    async def pull(
+        self, name: str, auth: RegistryAuth | None = None, progress: Any = None
+    ) -> Image:
+        self.pulls.append((name, auth))
+        if self.pull_gate is not None:
+            await self.pull_gate.wait()
+        if name not in self.pullable:
+            raise ImageNotFound(f"image {name} not found in its registry")
+        self.local.add(name)
+        return self._image(name)

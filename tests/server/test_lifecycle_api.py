@@ -1,0 +1,243 @@
+"""The lifecycle routes over a real HTTP server, with a fake runtime and image store."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import httpx
+
+from tests.server.conftest import Harness
+
+BODY = {
+    "image": {"uri": "python:3.12"},
+    "entrypoint": ["tail", "-f", "/dev/null"],
+    "timeout": 600,
+    "resourceLimits": {"cpu": "500m", "memory": "512Mi"},
+    "env": {"A": "1"},
+    "metadata": {"team": "ml", "name": "first"},
+}
+
+
+async def create(client: httpx.AsyncClient, **overrides: object) -> dict:
+    r = await client.post("/v1/sandboxes", json={**BODY, **overrides})
+    assert r.status_code == 202, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+async def test_create_reaches_running_with_limits_and_token(
+    harness: Harness, client: httpx.AsyncClient
+) -> None:
+    body = await create(client)
+    assert body["status"]["state"] == "Pending"
+    assert body["entrypoint"] == ["tail", "-f", "/dev/null"]
+    assert "expiresAt" in body and "image" not in body
+    got = await harness.wait_state(client, body["id"], "Running")
+    assert got["image"] == {"uri": "python:3.12"}
+    assert got["metadata"] == {"team": "ml", "name": "first"}
+    spec = harness.runtime.created[-1]
+    assert spec.cpu_cores == 0.5
+    assert spec.memory_bytes == 512 * 2**20
+    assert spec.env == {"A": "1"}
+    assert spec.execd_token and len(spec.execd_token) >= 32
+    assert spec.pids_limit == harness.cfg.runtime.pids_limit
+
+
+async def test_unversioned_aliases(harness: Harness, client: httpx.AsyncClient) -> None:
+    body = await create(client)
+    r = await client.get(f"/sandboxes/{body['id']}")
+    assert r.status_code == 200 and r.json()["id"] == body["id"]
+    r = await client.get("/sandboxes")
+    assert [s["id"] for s in r.json()["items"]] == [body["id"]]
+
+
+async def test_no_timeout_means_no_expiry(harness: Harness, client: httpx.AsyncClient) -> None:
+    body = await create(client, timeout=None)
+    assert "expiresAt" not in body
+    got = await harness.wait_state(client, body["id"], "Running")
+    assert "expiresAt" not in got
+
+
+async def test_image_pull_and_pulling_reason(harness: Harness, client: httpx.AsyncClient) -> None:
+    harness.images.pull_gate = asyncio.Event()
+    body = await create(
+        client, image={"uri": "registry.test/app:1", "auth": {"username": "u", "password": "p"}}
+    )
+    for _ in range(200):
+        got = (await client.get(f"/v1/sandboxes/{body['id']}")).json()
+        if got["status"].get("reason") == "Pulling":
+            break
+        await asyncio.sleep(0.01)
+    assert got["status"] == {**got["status"], "state": "Pending", "reason": "Pulling"}
+    harness.images.pull_gate.set()
+    await harness.wait_state(client, body["id"], "Running")
+    name, auth = harness.images.pulls[-1]
+    assert name == "registry.test/app:1" and auth is not None and auth.password == "p"
+    # The registry password is never echoed back.
+    assert "auth" not in (await client.get(f"/v1/sandboxes/{body['id']}")).json()["image"]
+
+
+async def test_missing_image_fails_with_reason(harness: Harness, client: httpx.AsyncClient) -> None:
+    body = await create(client, image={"uri": "nope/missing:1"})
+    got = await harness.wait_state(client, body["id"], "Failed")
+    assert got["status"]["reason"] == "ImageNotFound"
+    assert "nope/missing:1" in got["status"]["message"]
+    # A failed sandbox stays listed until deleted, and deleting it works.
+    r = await client.delete(f"/v1/sandboxes/{body['id']}")
+    assert r.status_code == 204
+    assert (await client.get(f"/v1/sandboxes/{body['id']}")).status_code == 404
+
+
+async def test_runtime_failure_fails_sandbox(harness: Harness, client: httpx.AsyncClient) -> None:
+    harness.runtime.fail_create = "runc exploded"
+    body = await create(client)
+    got = await harness.wait_state(client, body["id"], "Failed")
+    assert got["status"]["reason"] == "RuntimeError"
+    assert "runc exploded" in got["status"]["message"]
+
+
+async def test_list_filters_and_pagination(harness: Harness, client: httpx.AsyncClient) -> None:
+    ids = [(await create(client, metadata={"n": str(i), "grp": "a b&c"}))["id"] for i in range(5)]
+    other = (await create(client, metadata={"grp": "other"}))["id"]
+    for sid in [*ids, other]:
+        await harness.wait_state(client, sid, "Running")
+    await client.post(f"/v1/sandboxes/{ids[0]}/pause")
+
+    r = await client.get("/v1/sandboxes", params={"pageSize": 2, "page": 2})
+    page = r.json()
+    assert page["pagination"] == {
+        "page": 2,
+        "pageSize": 2,
+        "totalItems": 6,
+        "totalPages": 3,
+        "hasNextPage": True,
+    }
+    assert len(page["items"]) == 2
+
+    r = await client.get("/v1/sandboxes", params=[("state", "Paused")])
+    assert [s["id"] for s in r.json()["items"]] == [ids[0]]
+    r = await client.get("/v1/sandboxes", params=[("state", "Paused"), ("state", "Running")])
+    assert r.json()["pagination"]["totalItems"] == 6
+
+    # The SDK percent-encodes key=value pairs once more inside the query value.
+    from urllib.parse import quote
+
+    encoded = f"grp={quote('a b&c', safe='')}&n=3"
+    r = await client.get("/v1/sandboxes", params={"metadata": encoded})
+    assert [s["id"] for s in r.json()["items"]] == [ids[3]]
+
+
+async def test_pause_resume_and_conflicts(harness: Harness, client: httpx.AsyncClient) -> None:
+    sid = (await create(client))["id"]
+    # Pending sandboxes cannot be paused yet (may race to Running; accept only 409 or 202).
+    await harness.wait_state(client, sid, "Running")
+    r = await client.post(f"/v1/sandboxes/{sid}/resume")
+    assert r.status_code == 409 and r.json()["code"] and "Running" in r.json()["message"]
+    assert (await client.post(f"/v1/sandboxes/{sid}/pause")).status_code == 202
+    assert (await client.get(f"/v1/sandboxes/{sid}")).json()["status"]["state"] == "Paused"
+    assert harness.runtime.containers[sid].state.value == "paused"
+    r = await client.post(f"/v1/sandboxes/{sid}/pause")
+    assert r.status_code == 409 and set(r.json()) == {"code", "message"}
+    assert (await client.post(f"/v1/sandboxes/{sid}/resume")).status_code == 202
+    assert (await client.get(f"/v1/sandboxes/{sid}")).json()["status"]["state"] == "Running"
+
+
+async def test_renew_and_metadata_patch(harness: Harness, client: httpx.AsyncClient) -> None:
+    sid = (await create(client))["id"]
+    new = (datetime.now(UTC) + timedelta(hours=5)).replace(microsecond=0)
+    r = await client.post(
+        f"/v1/sandboxes/{sid}/renew-expiration",
+        json={"expiresAt": new.isoformat().replace("+00:00", "Z")},
+    )
+    assert r.status_code == 200, r.text
+    assert datetime.fromisoformat(r.json()["expiresAt"]) == new
+    # Renewal is not capped by max_sandbox_timeout_seconds (3600 here), only creation is.
+    assert harness.service.expiry.pending()[sid] == new
+
+    past = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
+    r = await client.post(f"/v1/sandboxes/{sid}/renew-expiration", json={"expiresAt": past})
+    assert r.status_code == 400 and r.json()["code"] == "INVALID_REQUEST"
+
+    r = await client.patch(
+        f"/v1/sandboxes/{sid}/metadata", json={"team": None, "env": "prod", "absent": None}
+    )
+    assert r.status_code == 200
+    assert r.json()["metadata"] == {"name": "first", "env": "prod"}
+    r = await client.patch(f"/v1/sandboxes/{sid}/metadata", json={})
+    assert r.json()["metadata"] == {"name": "first", "env": "prod"}
+    r = await client.patch(f"/v1/sandboxes/{sid}/metadata", json={"opensandbox.io/x": "1"})
+    assert r.status_code == 400
+
+
+async def test_expiry_deletes_sandbox(harness: Harness, client: httpx.AsyncClient) -> None:
+    sid = (await create(client))["id"]
+    await harness.wait_state(client, sid, "Running")
+    soon = datetime.now(UTC) + timedelta(seconds=0.3)
+    r = await client.post(
+        f"/v1/sandboxes/{sid}/renew-expiration", json={"expiresAt": soon.isoformat()}
+    )
+    assert r.status_code == 200
+    for _ in range(200):
+        if (await client.get(f"/v1/sandboxes/{sid}")).status_code == 404:
+            break
+        await asyncio.sleep(0.02)
+    assert (await client.get(f"/v1/sandboxes/{sid}")).status_code == 404
+    assert sid not in harness.runtime.containers
+
+
+async def test_delete_during_pull_cancels_provisioning(
+    harness: Harness, client: httpx.AsyncClient
+) -> None:
+    harness.images.pull_gate = asyncio.Event()
+    sid = (await create(client, image={"uri": "registry.test/app:1"}))["id"]
+    await asyncio.sleep(0.05)
+    assert (await client.delete(f"/v1/sandboxes/{sid}")).status_code == 204
+    harness.images.pull_gate.set()
+    await asyncio.sleep(0.05)
+    assert (await client.get(f"/v1/sandboxes/{sid}")).status_code == 404
+    assert sid not in harness.runtime.containers
+
+
+async def test_health_and_version_need_no_key(harness: Harness) -> None:
+    async with harness.client(key=None) as anon:
+        assert (await anon.get("/health")).json() == {"status": "healthy"}
+        v = (await anon.get("/version")).json()
+        assert v["version"]
+        r = await anon.get("/v1/sandboxes")
+        assert r.status_code == 401 and r.json()["code"] == "UNAUTHORIZED"
+    async with harness.client(key="wrong") as bad:
+        r = await bad.get("/sandboxes")
+        assert r.status_code == 401 and set(r.json()) == {"code", "message"}
+        assert r.headers.get("x-request-id")
+
+
+async def test_error_shapes(harness: Harness, client: httpx.AsyncClient) -> None:
+    r = await client.get("/v1/sandboxes/does-not-exist")
+    assert r.status_code == 404 and set(r.json()) == {"code", "message"}
+    r = await client.delete("/v1/sandboxes/does-not-exist")
+    assert r.status_code == 404
+    r = await client.post("/v1/sandboxes", json={**BODY, "timeout": 7200})
+    assert r.status_code == 400 and "3600" in r.json()["message"]
+    r = await client.post("/v1/sandboxes", json={**BODY, "timeout": "soon"})
+    assert r.status_code == 422 and r.json()["code"] == "INVALID_REQUEST"
+    assert "timeout" in r.json()["message"]
+    r = await client.post(
+        "/v1/sandboxes", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422 and set(r.json()) == {"code", "message"}
+    r = await client.post("/v1/sandboxes", json={**BODY, "resourceLimits": {"cpu": "lots"}})
+    assert r.status_code == 400 and "cpu" in r.json()["message"]
+    r = await client.post("/v1/sandboxes", json={**BODY, "entrypoint": []})
+    assert r.status_code == 422
+    r = await client.post("/v1/sandboxes", json={"snapshotId": "snap-1"})
+    assert r.status_code == 501 and r.json()["code"] == "NOT_SUPPORTED"
+    r = await client.post("/v1/sandboxes/x/snapshots", json={})
+    assert r.status_code == 501 and "snapshot" in r.json()["message"]
+    r = await client.get("/v1/snapshots")
+    assert r.status_code == 501
+    vols = [{"name": "v", "mountPath": "/d"}]
+    r = await client.post("/v1/sandboxes", json={**BODY, "volumes": vols})
+    assert r.status_code == 501
+    r = await client.get("/v1/no-such-route")
+    assert r.status_code == 404 and set(r.json()) == {"code", "message"}
+    assert harness.runtime.created == []
