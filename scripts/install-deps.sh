@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 APT_PACKAGES=(runc skopeo umoci debootstrap docker-registry nftables iproute2 procps psmisc
-              ca-certificates util-linux tmux zstd)
+              ca-certificates util-linux tmux zstd postgresql)
 if [ "${SANDLOT_WITH_DOCKER:-0}" = 1 ]; then APT_PACKAGES+=(docker.io); fi
 
 missing=()

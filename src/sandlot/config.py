@@ -39,6 +39,9 @@ class RuntimeConfig(_Section):
     oci_binary: str | None = None
     pids_limit: int = 4096
     default_image: str = "base"
+    # Warm pool (oci): this many pre-started sandboxes per listed image, claimed by create.
+    warm_pool_size: int = 2
+    warm_pool_images: list[str] = Field(default_factory=lambda: ["base"])
 
 
 class StoreConfig(_Section):
@@ -78,7 +81,11 @@ class Config(_Section):
 
     @property
     def store_url(self) -> str:
-        return self.store.url or f"sqlite+aiosqlite:///{self.data_dir / 'sandlot.db'}"
+        """``[store] url``; unset, empty or the bare word ``sqlite``: SQLite in ``data_dir``."""
+        url = (self.store.url or "").strip()
+        if not url or url.lower() == "sqlite":
+            return f"sqlite+aiosqlite:///{self.data_dir / 'sandlot.db'}"
+        return url
 
 
 CONFIG_TEMPLATE = """\

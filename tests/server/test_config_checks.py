@@ -74,3 +74,12 @@ def test_bad_quantities(raw: str) -> None:
         parse_memory(raw)
     with pytest.raises(InvalidRequest):
         parse_cpu(raw)
+
+
+def test_store_url_defaults_to_sqlite_in_data_dir() -> None:
+    default = "sqlite+aiosqlite:////srv/sl/sandlot.db"
+    for url in (None, "", "sqlite", "SQLite "):
+        c = Config.model_validate({"data_dir": "/srv/sl", "store": {"url": url}})
+        assert c.store_url == default
+    pg = "postgresql+asyncpg://sandlot:pw@127.0.0.1:5432/sandlot"
+    assert Config.model_validate({"store": {"url": pg}}).store_url == pg

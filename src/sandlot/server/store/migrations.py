@@ -2,7 +2,8 @@
 
 A hand-rolled list rather than Alembic: the schema is small, migrations must run unattended
 at every start of ``sandlot serve`` (no separate upgrade command), and on both SQLite and
-PostgreSQL through the same async engine.
+PostgreSQL through the same async engine. Servers starting at once against one PostgreSQL
+database take turns (a transaction-scoped advisory lock), so only the first one migrates.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from sqlalchemy import Connection, inspect, select
+from sqlalchemy import Connection, inspect, select, text
 
 from sandlot.server.store import tables
 
@@ -19,6 +20,9 @@ def _v1_initial(conn: Connection) -> None:
     tables.sandboxes.create(conn)
     tables.endpoints.create(conn)
 
+
+# Key of the PostgreSQL advisory lock held while migrating (any fixed 64-bit number).
+_PG_MIGRATION_LOCK = 0x53414E444C4F54  # "SANDLOT"
 
 # Append only. Index + 1 is the version number.
 MIGRATIONS: list[Callable[[Connection], None]] = [_v1_initial]
@@ -36,7 +40,13 @@ def current_version(conn: Connection) -> int:
 
 
 def migrate(conn: Connection) -> int:
-    """Bring the schema to ``LATEST``; returns the version found before migrating."""
+    """Bring the schema to ``LATEST``; returns the version found before migrating.
+
+    Runs inside the caller's transaction: on PostgreSQL the DDL commits or rolls back as one,
+    and the advisory lock is held until then.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
     found = current_version(conn)
     if found > LATEST:
         raise RuntimeError(
@@ -45,7 +55,5 @@ def migrate(conn: Connection) -> int:
         )
     for version in range(found + 1, LATEST + 1):
         MIGRATIONS[version - 1](conn)
-        conn.execute(
-            tables.schema_version.insert().values(version=version, applied_at=time.time())
-        )
+        conn.execute(tables.schema_version.insert().values(version=version, applied_at=time.time()))
     return found

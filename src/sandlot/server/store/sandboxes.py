@@ -1,4 +1,10 @@
-"""SandboxStore: sandbox records and endpoint ports over a SQLAlchemy async engine."""
+"""SandboxStore: sandbox records and endpoint ports over a SQLAlchemy async engine.
+
+Portable across SQLite and PostgreSQL: times are stored as UTC epoch seconds, writes are
+single-statement upserts (``INSERT ... ON CONFLICT DO UPDATE``, so concurrent writers of one
+row cannot collide), and NUL characters, which PostgreSQL refuses in text columns, are
+replaced before they reach the database.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, event, select
+from sqlalchemy import Table, delete, event, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from sandlot.server.models import SandboxRecord, SandboxState
 from sandlot.server.store import tables
@@ -24,13 +31,24 @@ def _dt(value: float | None) -> datetime | None:
     return datetime.fromtimestamp(value, UTC) if value is not None else None
 
 
+def _text(value: str) -> str:
+    # PostgreSQL text cannot hold NUL (SQLite can): keep the rest of e.g. runtime stderr.
+    return value.replace("\x00", "\ufffd")
+
+
+def _opt_text(value: str | None) -> str | None:
+    return _text(value) if value is not None else None
+
+
 def _row_values(rec: SandboxRecord) -> dict[str, Any]:
+    # JSON columns need no cleaning: json.dumps escapes NUL as \u0000, which PostgreSQL's
+    # json type accepts and returns unchanged.
     return {
         "id": rec.id,
         "state": rec.state.value,
-        "reason": rec.reason,
-        "message": rec.message,
-        "image_uri": rec.image_uri,
+        "reason": _opt_text(rec.reason),
+        "message": _opt_text(rec.message),
+        "image_uri": _text(rec.image_uri),
         "entrypoint": rec.entrypoint,
         "execd_token": rec.execd_token,
         "metadata": rec.metadata,
@@ -67,6 +85,23 @@ def _record(row: Any) -> SandboxRecord:
     )
 
 
+async def _upsert(
+    conn: AsyncConnection, table: Table, keys: dict[str, Any], values: dict[str, Any]
+) -> None:
+    """Insert the row ``keys`` + ``values``, or update ``values`` where ``keys`` exists."""
+    dialect = conn.dialect.name
+    if dialect in ("postgresql", "sqlite"):
+        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        stmt = insert(table).values(**keys, **values)
+        await conn.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_=values))
+        return
+    # Other databases: not atomic against a concurrent insert of the same row.
+    where = [table.c[k] == v for k, v in keys.items()]
+    result = await conn.execute(table.update().where(*where).values(**values))
+    if result.rowcount == 0:
+        await conn.execute(table.insert().values(**keys, **values))
+
+
 class SandboxStore:
     """Write-through persistence; the service keeps the live copy in memory.
 
@@ -84,7 +119,9 @@ class SandboxStore:
         is_sqlite = parsed.get_backend_name() == "sqlite"
         if is_sqlite and parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(url)
+        # Pre-ping: a server database may restart or drop idle connections under a
+        # long-running sandlot; a dead pooled connection is then replaced, not reported.
+        engine = create_async_engine(url, pool_pre_ping=not is_sqlite)
         if is_sqlite:
 
             @event.listens_for(engine.sync_engine, "connect")
@@ -110,11 +147,9 @@ class SandboxStore:
 
     async def save(self, rec: SandboxRecord) -> None:
         values = _row_values(rec)
-        t = tables.sandboxes
+        key = {"id": values.pop("id")}
         async with self._write, self._engine.begin() as conn:
-            result = await conn.execute(t.update().where(t.c.id == rec.id).values(**values))
-            if result.rowcount == 0:
-                await conn.execute(t.insert().values(**values))
+            await _upsert(conn, tables.sandboxes, key, values)
 
     async def delete(self, sandbox_id: str) -> None:
         async with self._write, self._engine.begin() as conn:
@@ -129,14 +164,6 @@ class SandboxStore:
         return {(r.sandbox_id, r.port): r.host_port for r in rows}
 
     async def save_endpoint(self, sandbox_id: str, port: int, host_port: int) -> None:
-        t = tables.endpoints
+        key = {"sandbox_id": sandbox_id, "port": port}
         async with self._write, self._engine.begin() as conn:
-            result = await conn.execute(
-                t.update()
-                .where((t.c.sandbox_id == sandbox_id) & (t.c.port == port))
-                .values(host_port=host_port)
-            )
-            if result.rowcount == 0:
-                await conn.execute(
-                    t.insert().values(sandbox_id=sandbox_id, port=port, host_port=host_port)
-                )
+            await _upsert(conn, tables.endpoints, key, {"host_port": host_port})
