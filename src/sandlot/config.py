@@ -31,6 +31,9 @@ class ServerConfig(_Section):
     # Host name or address put into direct endpoints handed to clients.
     endpoint_host: str = "127.0.0.1"
     insecure_no_auth: bool = False
+    # How long a create request may wait for its sandbox to be Running before it answers
+    # (with Pending if not yet); 0 answers at once.
+    create_wait_seconds: float = 3.0
 
 
 class RuntimeConfig(_Section):

@@ -38,8 +38,9 @@ async def _close(writer: asyncio.StreamWriter) -> None:
 
 
 class EndpointForwarder:
-    def __init__(self, bind_host: str, connect: Connector):
+    def __init__(self, bind_host: str, connect: Connector, connect_grace: float = 2.0):
         self._bind_host = bind_host
+        self.connect_grace = connect_grace
         self._connect = connect
         self._servers: dict[tuple[str, int], asyncio.Server] = {}
         self._ports: dict[tuple[str, int], int] = {}
@@ -86,11 +87,10 @@ class EndpointForwarder:
         conns = self._conns.setdefault(sandbox_id, set())
         conns.add(task)  # type: ignore[arg-type]
         try:
-            try:
-                up_r, up_w = await self._connect(sandbox_id, port)
-            except Exception as exc:  # the service is not (yet) listening inside
-                log.debug("endpoint %s:%s not reachable: %s", sandbox_id, port, exc)
+            upstream = await self._connect_soon(sandbox_id, port)
+            if upstream is None:
                 return
+            up_r, up_w = upstream
             try:
                 await asyncio.gather(_pipe(client_r, up_w), _pipe(up_r, client_w))
             finally:
@@ -98,6 +98,27 @@ class EndpointForwarder:
         finally:
             conns.discard(task)  # type: ignore[arg-type]
             await _close(client_w)
+
+    async def _connect_soon(
+        self, sandbox_id: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """Connect inside, retrying briefly: a client may dial while the sandbox still starts.
+
+        Closing at once would make clients back off for much longer than execd needs to come
+        up (the released SDK waits 0.5 s and more after an early EOF).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.connect_grace
+        delay = 0.005
+        while True:
+            try:
+                return await self._connect(sandbox_id, port)
+            except Exception as exc:  # the service is not (yet) listening inside
+                if loop.time() + delay > deadline:
+                    log.debug("endpoint %s:%s not reachable: %s", sandbox_id, port, exc)
+                    return None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
     async def close_sandbox(self, sandbox_id: str) -> None:
         async with self._lock:

@@ -178,6 +178,11 @@ class SandboxService:
         task = asyncio.create_task(self._provision(rec, spec_parts))
         self._provisioning[rec.id] = task
         task.add_done_callback(self._provisioned)
+        # Answer with Running when the sandbox comes up quickly (cached image, warm pool), so
+        # clients need no polling round; slow starts (pulls) still answer Pending in time.
+        wait = self.cfg.server.create_wait_seconds
+        if wait > 0:
+            await asyncio.wait({task}, timeout=wait)
         return rec
 
     def _provisioned(self, task: asyncio.Task[None]) -> None:
