@@ -27,14 +27,18 @@ OPEN_PATHS = frozenset({"/ping"})
 
 
 class TokenAuth:
-    """Requires ``X-EXECD-ACCESS-TOKEN`` on every HTTP and WebSocket route but ``/ping``."""
+    """Requires ``X-EXECD-ACCESS-TOKEN`` on every HTTP and WebSocket route but ``/ping``.
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    The token is read from ``settings`` on every request: a pooled execd's claim replaces it.
+    """
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
-        self.token = token.encode() if token else None
+        self.settings = settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.token is None or scope["type"] not in ("http", "websocket"):
+        token = self.settings.token.encode() if self.settings.token else None
+        if token is None or scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         if scope["path"] in OPEN_PATHS:
@@ -45,7 +49,7 @@ class TokenAuth:
             if key == b"x-execd-access-token":
                 given = value
                 break
-        if given and hmac.compare_digest(given, self.token):
+        if given and hmac.compare_digest(given, token):
             await self.app(scope, receive, send)
             return
         body = JSON(
@@ -160,5 +164,5 @@ def build_app(settings: Settings, extensions: Sequence[Extension] = ()) -> Starl
     app.state.commands = commands
     app.state.sessions = sessions
     app.state.ptys = ptys
-    app.add_middleware(TokenAuth, token=settings.token)
+    app.add_middleware(TokenAuth, settings=settings)
     return app

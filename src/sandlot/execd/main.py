@@ -63,6 +63,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         "--no-code", action="store_true", help="do not load the code-context (/code) service"
     )
     parser.add_argument(
+        "--pooled",
+        action="store_true",
+        help="a warm-pool execd: serve POST /_sandlot/claim once; the entrypoint comes with it",
+    )
+    parser.add_argument(
         "--interrupt-grace", type=float, default=3.0, help="seconds between SIGINT/SIGTERM/SIGKILL"
     )
     ns = parser.parse_args(args)
@@ -104,11 +109,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     return asyncio.run(_serve(ns, token, sockets, entrypoint))
 
 
+def _uvicorn() -> tuple[Any, Any]:
+    """uvicorn's ``Config`` and ``Server`` without running ``uvicorn/__init__``.
+
+    That ``__init__`` imports uvicorn's command line (click): ~10-20 ms and ~1.5 MB of a
+    process whose start-up time is every sandbox's. The package is registered unexecuted
+    (its submodules import normally) and given the two names its modules look up on it.
+    """
+    import importlib.util
+
+    if "uvicorn" not in sys.modules:
+        spec = importlib.util.find_spec("uvicorn")
+        if spec is not None and spec.submodule_search_locations is not None:
+            sys.modules["uvicorn"] = importlib.util.module_from_spec(spec)
+    from uvicorn.config import Config
+    from uvicorn.server import Server
+
+    pkg = sys.modules["uvicorn"]
+    for name, value in (("Config", Config), ("Server", Server)):
+        if not hasattr(pkg, name):
+            setattr(pkg, name, value)
+    return Config, Server
+
+
 async def _serve(
     ns: argparse.Namespace, token: str | None, sockets: list[socket.socket], entrypoint: list[str]
 ) -> int:
-    import uvicorn
-
     from sandlot.execd import procs
     from sandlot.execd.app import build_app
     from sandlot.execd.settings import Settings, default_workdir
@@ -123,9 +149,26 @@ async def _serve(
     _raise_fd_limit()
     procs.become_subreaper()
     procs.REAPER.install()
-    extensions = [] if ns.no_code else _load_extensions(settings)
+    extensions: list[Any] = []
+    code = None
+    if not ns.no_code:
+        from sandlot.execd.lazyext import DeferredCode
+
+        code = DeferredCode(settings)
+        extensions.append(code)
+    if ns.pooled:
+        from sandlot.execd.claim import ClaimExtension
+
+        def on_claim(argv: list[str]) -> None:
+            if argv:
+                loop.create_task(_start_entrypoint(server, argv, ns.entrypoint_log, settings))
+            if code is not None:
+                code.start_loading()  # now that the sandbox's environment is in place
+
+        extensions.append(ClaimExtension(settings, on_claim))
     app = build_app(settings, extensions=extensions)
-    config = uvicorn.Config(
+    config_cls, server_cls = _uvicorn()
+    config = config_cls(
         app,
         log_level=ns.log_level,
         access_log=False,
@@ -134,7 +177,7 @@ async def _serve(
         ws_ping_interval=30,
         server_header=False,
     )
-    server = _Server(config)
+    server = _quiet_server(server_cls)(config)
     loop = asyncio.get_running_loop()
 
     def on_term(sig: int) -> None:
@@ -144,10 +187,10 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, on_term, sig)
 
-    if entrypoint:
-        asyncio.get_running_loop().create_task(
-            _start_entrypoint(server, entrypoint, ns.entrypoint_log, settings)
-        )
+    if entrypoint and not ns.pooled:
+        loop.create_task(_start_entrypoint(server, entrypoint, ns.entrypoint_log, settings))
+    if code is not None and not ns.pooled:
+        loop.create_task(_after_start(server, code.start_loading))
     unix_paths = [s.getsockname() for s in sockets if s.family == socket.AF_UNIX]
     try:
         await server.serve(sockets=sockets)
@@ -170,17 +213,11 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _load_extensions(settings: Any) -> list[Any]:
-    """The code-context service, when its package provides ``build_extension(settings)``."""
-    try:
-        from sandlot.execd import code
-    except ImportError:
-        return []
-    factory = getattr(code, "build_extension", None)
-    if factory is None:
-        return []
-    ext = factory(settings)
-    return [ext] if ext is not None else []
+async def _after_start(server: Any, then: Any) -> None:
+    """Run ``then()`` once the server listens (heavy work must not delay the first /ping)."""
+    while not server.started:
+        await asyncio.sleep(0.005)
+    then()
 
 
 async def _start_entrypoint(
@@ -201,15 +238,12 @@ async def _start_entrypoint(
         os.close(out)
 
 
-class _Server:
-    """uvicorn.Server without its own signal handling (execd handles signals as PID 1)."""
+def _quiet_server(base: Any) -> Any:
+    """uvicorn's Server without its own signal handling (execd handles signals as PID 1)."""
 
-    def __new__(cls, config: Any) -> Any:
-        import uvicorn
+    class Server(base):  # type: ignore[misc, valid-type]
+        @contextlib.contextmanager
+        def capture_signals(self):  # type: ignore[no-untyped-def]
+            yield
 
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self):  # type: ignore[no-untyped-def]
-                yield
-
-        return Server(config)
+    return Server

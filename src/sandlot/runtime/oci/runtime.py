@@ -5,6 +5,9 @@ work dirs, the execd socket, logs) plus its runc state under ``data_dir/runc``, 
 namespace ``/run/netns/sandlot-<hash>`` and its cgroups ``.../sandlot/<id>``. Containers are
 started detached with their stdio in files, so they survive a restart (or ``kill -9``) of
 the server, and ``list_ids`` finds them again from runc's state directory.
+
+With a warm pool (``oci/pool.py``) a sandbox may run in a container named ``_pool-<hex>``:
+every public method takes the sandbox id and resolves it to its container id first.
 """
 
 from __future__ import annotations
@@ -12,20 +15,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
+import secrets
 import shutil
 from collections import defaultdict
 from pathlib import Path
 
 from sandlot.config import Config
 from sandlot.errors import Conflict, InvalidRequest, NotFound, RuntimeFailure
+from sandlot.images.model import Image
 from sandlot.runtime.base import ContainerInfo, ContainerState, SandboxSpec
 from sandlot.runtime.execd_bundle import ExecdBundle, ensure_bundle
-from sandlot.runtime.oci import cgroups, mounts, netns
+from sandlot.runtime.oci import cgroups, claimops, mounts, netns, pool
 from sandlot.runtime.oci import spec as ocispec
 from sandlot.runtime.oci.layout import SandboxPaths, netns_name
 from sandlot.runtime.oci.runc import Runc
+
+log = logging.getLogger(__name__)
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _STATES = {
@@ -60,7 +68,15 @@ class OciRuntime:
 
     name = "oci"
 
-    def __init__(self, data_dir: Path, binary: str, bundle: ExecdBundle, pids_limit: int) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        binary: str,
+        bundle: ExecdBundle,
+        pids_limit: int,
+        warm_pool_size: int = 0,
+        warm_pool_images: list[str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.runc = Runc(binary, data_dir / "runc")
         self.bundle = bundle
@@ -68,6 +84,9 @@ class OciRuntime:
         self._swap = _swap_limit_supported()
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._connector = netns.NetnsConnector()
+        self.claims = pool.ClaimStore(data_dir / "pool" / "claims")
+        self.pool = pool.WarmPool(warm_pool_size, list(warm_pool_images or []),
+                                  self._make_warm, self._teardown)
 
     @classmethod
     async def open(cls, cfg: Config) -> OciRuntime:
@@ -83,10 +102,17 @@ class OciRuntime:
             (data_dir / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(data_dir / "runc", 0o700)
         bundle = await asyncio.to_thread(ensure_bundle, data_dir / "execd-bundle")
-        return cls(data_dir, resolved, bundle, cfg.runtime.pids_limit)
+        rt = cls(data_dir, resolved, bundle, cfg.runtime.pids_limit,
+                 cfg.runtime.warm_pool_size, cfg.runtime.warm_pool_images)
+        await rt._sweep_pool()
+        return rt
+
+    def container_id(self, sandbox_id: str) -> str:
+        """The runc container a sandbox runs in: its own id, or a claimed warm container's."""
+        return self.claims.get(sandbox_id) or sandbox_id
 
     def paths(self, sandbox_id: str) -> SandboxPaths:
-        return SandboxPaths.of(self.data_dir, sandbox_id)
+        return SandboxPaths.of(self.data_dir, self.container_id(sandbox_id))
 
     def execd_socket(self, sandbox_id: str) -> Path:
         return self.paths(sandbox_id).run_dir / "execd.sock"
@@ -96,9 +122,13 @@ class OciRuntime:
     async def create(self, spec: SandboxSpec) -> None:
         _check_id(spec.sandbox_id)
         async with self._locks[spec.sandbox_id]:
-            p = self.paths(spec.sandbox_id)
-            if p.root.exists() or (self.runc.root / spec.sandbox_id).exists():
+            p = SandboxPaths.of(self.data_dir, spec.sandbox_id)
+            if (p.root.exists() or (self.runc.root / spec.sandbox_id).exists()
+                    or self.claims.get(spec.sandbox_id)):
                 raise Conflict(f"sandbox {spec.sandbox_id} already exists")
+            warm = self.pool.take(spec.image)
+            if warm is not None and await self._claim(spec, warm):
+                return
             try:
                 await self._create(spec, p)
             except BaseException as exc:
@@ -110,7 +140,7 @@ class OciRuntime:
                     raise RuntimeFailure(f"cannot start sandbox {spec.sandbox_id}: {exc}") from exc
                 raise
 
-    async def _create(self, spec: SandboxSpec, p: SandboxPaths) -> None:
+    async def _create(self, spec: SandboxSpec, p: SandboxPaths, pooled: bool = False) -> None:
         for d in (p.rootfs, p.upper, p.work, p.run_dir, p.etc):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(p.root, 0o700)  # the upper dir holds the workload's files
@@ -126,6 +156,9 @@ class OciRuntime:
                                                                    self.pids_limit)})
         config = ocispec.build_config(limited, self.bundle, netns=ns, run_dir=p.run_dir,
                                       etc_dir=p.etc, swap_limit=self._swap)
+        if pooled:
+            args = config["process"]["args"]
+            args.insert(args.index("sandlot.execd") + 1, "--pooled")
         p.config_json.write_text(json.dumps(config, indent=1))
         await self.runc.run_detached(spec.sandbox_id, p.bundle, p.container_log, p.runc_log)
 
@@ -134,12 +167,13 @@ class OciRuntime:
     async def delete(self, sandbox_id: str) -> None:
         _check_id(sandbox_id)
         async with self._locks[sandbox_id]:
-            await self._teardown(sandbox_id)
+            await self._teardown(self.container_id(sandbox_id))
+            self.claims.remove(sandbox_id)  # only once the container is gone
         self._locks.pop(sandbox_id, None)
 
     async def _teardown(self, sandbox_id: str) -> None:
-        """Remove every trace of the sandbox, whatever state a crash left it in."""
-        p = self.paths(sandbox_id)
+        """Remove every trace of a container, whatever state a crash left it in."""
+        p = SandboxPaths.of(self.data_dir, sandbox_id)
         await asyncio.to_thread(cgroups.kill_all, sandbox_id)
         await self.runc.delete_force(sandbox_id)
         await asyncio.to_thread(cgroups.remove_sandbox_cgroups, sandbox_id)
@@ -156,7 +190,7 @@ class OciRuntime:
 
     async def inspect(self, sandbox_id: str) -> ContainerInfo:
         _check_id(sandbox_id)
-        st = await self.runc.state(sandbox_id)
+        st = await self.runc.state(self.container_id(sandbox_id))
         if st is None:
             return ContainerInfo(sandbox_id, ContainerState.MISSING)
         state = _STATES.get(st.get("status", ""), ContainerState.STOPPED)
@@ -169,7 +203,7 @@ class OciRuntime:
         if info.state == ContainerState.PAUSED:
             return
         self._require_running(info)
-        await self.runc.pause(sandbox_id)
+        await self.runc.pause(self.container_id(sandbox_id))
 
     async def resume(self, sandbox_id: str) -> None:
         info = await self.inspect(sandbox_id)
@@ -177,7 +211,7 @@ class OciRuntime:
             return
         if info.state != ContainerState.PAUSED:
             self._require_running(info)
-        await self.runc.resume(sandbox_id)
+        await self.runc.resume(self.container_id(sandbox_id))
 
     @staticmethod
     def _require_running(info: ContainerInfo) -> None:
@@ -187,7 +221,16 @@ class OciRuntime:
             raise Conflict(f"sandbox {info.sandbox_id} is {info.state.value}, not running")
 
     async def list_ids(self) -> set[str]:
-        """Containers in runc's state dir plus sandbox folders (leftovers of a crash)."""
+        """Containers in runc's state dir plus sandbox folders (leftovers of a crash).
+
+        Warm containers are not sandboxes: unclaimed ones are left out, claimed ones are
+        reported under their sandbox id (even if the container is gone, so that the
+        server's reconciliation deletes the claim too).
+        """
+        ids = {i for i in self._container_ids() if not pool.is_pool_id(i)}
+        return ids | set(self.claims.items())
+
+    def _container_ids(self) -> set[str]:
         ids = self.runc.ids()
         sb = self.data_dir / "sandboxes"
         if sb.is_dir():
@@ -198,10 +241,99 @@ class OciRuntime:
         self, sandbox_id: str, port: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         _check_id(sandbox_id)
-        ns = netns.netns_path(netns_name(sandbox_id))
+        ns = netns.netns_path(netns_name(self.container_id(sandbox_id)))
         if not ns.exists():
             raise NotFound(f"sandbox {sandbox_id} not found")
         return await self._connector.open_connection(ns, port)
 
     async def close(self) -> None:
+        """Stop refilling and delete the unclaimed warm containers (a start re-creates them)."""
+        await self.drain_pool()
         self._connector.close()
+
+    # -- warm pool ----------------------------------------------------------------------
+
+    async def prewarm(self, image: Image) -> None:
+        """Start keeping warm containers of ``image`` (no-op unless it is a pooled image).
+
+        Returns at once; the pool fills in the background, one create at a time.
+        """
+        self.pool.prewarm(image)
+
+    async def drain_pool(self) -> None:
+        for cid in await self.pool.stop():
+            with contextlib.suppress(Exception):
+                await self._teardown(cid)
+
+    async def _sweep_pool(self) -> None:
+        """Delete warm containers nobody claimed (left by a crash or a kill -9)."""
+        claimed = set(self.claims.items().values())
+        for cid in sorted(self._container_ids()):
+            if pool.is_pool_id(cid) and cid not in claimed:
+                try:
+                    await self._teardown(cid)
+                except Exception:  # noqa: BLE001 - the next start tries again
+                    log.warning("cannot remove stale warm container %s", cid, exc_info=True)
+
+    async def _make_warm(self, image: Image) -> pool.Warm:
+        cid = pool.new_pool_id()
+        token = secrets.token_urlsafe(24)
+        spec = SandboxSpec(sandbox_id=cid, image=image, entrypoint=[],
+                           pids_limit=self.pids_limit, execd_token=token)
+        p = SandboxPaths.of(self.data_dir, cid)
+        try:
+            await self._create(spec, p, pooled=True)
+            await pool.wait_ping(p.run_dir / "execd.sock")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._teardown(cid)
+            raise
+        return pool.Warm(cid, token, image.id)
+
+    async def _claim(self, spec: SandboxSpec, warm: pool.Warm) -> bool:
+        """Give ``warm`` to ``spec``'s sandbox; False (warm container deleted) if that fails."""
+        cid = warm.container_id
+        p = SandboxPaths.of(self.data_dir, cid)
+        self.claims.add(spec.sandbox_id, cid)  # first: a crash from here on leaves a sandbox
+        try:
+            pid = claimops.init_pid(self.runc.root, cid)
+            await asyncio.to_thread(self._claim_host_side, spec, cid, pid, p)
+            await pool.claim(p.run_dir / "execd.sock", warm.token, env=self._claim_env(spec),
+                             token=spec.execd_token, entrypoint=list(spec.entrypoint))
+        except Exception:  # noqa: BLE001 - fall back to a cold create
+            log.warning("claiming warm container %s for %s failed", cid, spec.sandbox_id,
+                        exc_info=True)
+            with contextlib.suppress(Exception):
+                await self._teardown(cid)
+            self.claims.remove(spec.sandbox_id)
+            return False
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._teardown(cid)
+            self.claims.remove(spec.sandbox_id)
+            raise
+        return True
+
+    def _claim_host_side(self, spec: SandboxSpec, cid: str, pid: int, p: SandboxPaths) -> None:
+        """Limits, hostname and /etc/host{name,s}: one worker-thread hop."""
+        claimops.apply_limits(cid, cpu_cores=spec.cpu_cores, memory_bytes=spec.memory_bytes,
+                              pids=min(spec.pids_limit, self.pids_limit), swap_limit=self._swap)
+        host = ocispec.hostname(spec)
+        claimops.set_hostname(pid, host)
+        # Written in place: they are bind-mounted files, a new inode would not be seen.
+        (p.etc / "hostname").write_text(host + "\n")
+        (p.etc / "hosts").write_text(
+            f"127.0.0.1\tlocalhost {host}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+        )
+
+    def _claim_env(self, spec: SandboxSpec) -> dict[str, str]:
+        """What a cold create would give the workload: defaults, image env, spec env."""
+        env = {"PATH": ocispec.DEFAULT_PATH, "HOME": "/root", "HOSTNAME": ocispec.hostname(spec)}
+        for item in spec.image.config.env:
+            key, sep, value = item.partition("=")
+            if sep:
+                env[key] = value
+        env.update(spec.env)
+        for private in (*self.bundle.env(), "SANDLOT_EXECD_TOKEN", "SANDLOT_EXECD_PRIVATE_ENV"):
+            env.pop(private, None)
+        return env

@@ -1,0 +1,249 @@
+"""The warm pool: sandboxes started ahead of time, handed to ``create`` in a few ms.
+
+A warm container is a complete sandbox (bundle, overlay, netns, cgroups) whose execd runs
+with ``--pooled`` and a random pool token and already answers ``/ping``; it has no limits
+but the runtime's pids cap and no entrypoint. Its id is ``_pool-<hex>``: a name no sandbox
+can have (sandbox ids start with a letter or digit), so pool containers are never reported
+as sandboxes. Claiming one maps the sandbox id to it (a file under ``data_dir/pool/claims``,
+so the mapping survives a restart); the container keeps its id, paths and netns.
+
+This module holds the pool's bookkeeping, its on-disk claims and the claim call to execd;
+``OciRuntime`` does the container work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandlot.images.model import Image
+
+log = logging.getLogger(__name__)
+
+POOL_PREFIX = "_pool-"
+CLAIM_PATH = "/_sandlot/claim"
+READY_TIMEOUT = 30.0
+# Consecutive failed warm creates after which a fill gives up until the next prewarm/claim.
+MAX_FAILURES = 3
+
+
+def is_pool_id(container_id: str) -> bool:
+    return container_id.startswith(POOL_PREFIX)
+
+
+def new_pool_id() -> str:
+    return POOL_PREFIX + secrets.token_hex(8)
+
+
+@dataclass(frozen=True)
+class Warm:
+    """A warm container ready to be claimed."""
+
+    container_id: str
+    token: str
+    image_id: str
+
+
+class ClaimStore:
+    """sandbox id -> container id for claimed warm containers, one file per claim."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self._map: dict[str, str] = {}
+        for f in root.iterdir():
+            if f.name.startswith("."):
+                f.unlink(missing_ok=True)  # a write interrupted by a crash
+                continue
+            with contextlib.suppress(OSError):
+                self._map[f.name] = f.read_text().strip()
+
+    def get(self, sandbox_id: str) -> str | None:
+        return self._map.get(sandbox_id)
+
+    def items(self) -> dict[str, str]:
+        return dict(self._map)
+
+    def add(self, sandbox_id: str, container_id: str) -> None:
+        tmp = self.root / f".{sandbox_id}.tmp"
+        tmp.write_text(container_id)
+        os.replace(tmp, self.root / sandbox_id)
+        self._map[sandbox_id] = container_id
+
+    def remove(self, sandbox_id: str) -> None:
+        (self.root / sandbox_id).unlink(missing_ok=True)
+        self._map.pop(sandbox_id, None)
+
+
+async def _http_unix(
+    sock: Path, method: str, path: str, body: bytes | None, token: str | None, timeout: float
+) -> tuple[int, bytes]:
+    """One HTTP/1.1 request over a unix socket (no client library on the claim path)."""
+    reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(sock)), timeout)
+    try:
+        head = [f"{method} {path} HTTP/1.1", "Host: execd", "Connection: close"]
+        if token:
+            head.append(f"X-EXECD-ACCESS-TOKEN: {token}")
+        if body is not None:
+            head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + (body or b""))
+        raw = await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    status_line, _, rest = raw.partition(b"\r\n")
+    parts = status_line.split()
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise ConnectionError(f"execd answered no HTTP status: {raw[:100]!r}")
+    return int(parts[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+async def ping(sock: Path, timeout: float = 2.0) -> bool:
+    try:
+        status, _ = await _http_unix(sock, "GET", "/ping", None, None, timeout)
+    except (OSError, ConnectionError, TimeoutError):
+        return False
+    return status == 200
+
+
+async def wait_ping(sock: Path, timeout: float = READY_TIMEOUT) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    delay = 0.005
+    while not (sock.exists() and await ping(sock)):
+        if loop.time() > deadline:
+            raise TimeoutError(f"pooled execd did not answer /ping within {timeout:.0f}s")
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 0.05)
+
+
+async def claim(
+    sock: Path, pool_token: str, *, env: dict[str, str], token: str | None,
+    entrypoint: list[str], timeout: float = 5.0,
+) -> None:
+    """Hand the warm execd its sandbox: environment, access token, entrypoint."""
+    body = json.dumps({"env": env, "token": token, "entrypoint": entrypoint}).encode()
+    status, answer = await _http_unix(sock, "POST", CLAIM_PATH, body, pool_token, timeout)
+    if status != 200:
+        raise ConnectionError(f"execd refused the claim: HTTP {status} {answer[:200]!r}")
+
+
+class WarmPool:
+    """Ready warm containers per image name, refilled in the background one create at a time.
+
+    ``make(image)`` builds one warm container and returns it once its execd answers;
+    ``discard(container_id)`` deletes one. Both are the runtime's.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        images: list[str],
+        make: Callable[[Image], Awaitable[Warm]],
+        discard: Callable[[str], Awaitable[None]],
+        parallel: int = 1,
+    ) -> None:
+        self.size = max(0, size)
+        self.names = set(images)
+        self._make = make
+        self._discard = discard
+        self._images: dict[str, Image] = {}
+        self._ready: dict[str, list[Warm]] = {}
+        self._fills: dict[str, asyncio.Task[None]] = {}
+        self._creates = asyncio.Semaphore(max(1, parallel))
+        self._changed = asyncio.Condition()
+        self._bg: set[asyncio.Task[Any]] = set()
+
+    def wants(self, image: Image) -> bool:
+        return self.size > 0 and image.name in self.names
+
+    def prewarm(self, image: Image) -> None:
+        """Keep ``size`` warm containers of ``image`` (a no-op for images not pooled)."""
+        if not self.wants(image):
+            return
+        old = self._images.get(image.name)
+        self._images[image.name] = image
+        if old is not None and old.id != image.id:  # the name now points at another image
+            for w in self._ready.pop(image.name, []):
+                self.spawn(self._discard(w.container_id))
+        self._kick(image.name)
+
+    def take(self, image: Image) -> Warm | None:
+        """A ready warm container of exactly this image, if any; the pool refills after."""
+        if not self.wants(image):
+            return None
+        ready = self._ready.get(image.name, [])
+        for i, w in enumerate(ready):
+            if w.image_id == image.id:
+                del ready[i]
+                self._kick(image.name)
+                return w
+        if image.name in self._images:
+            self._kick(image.name)
+        return None
+
+    def ready_count(self, name: str) -> int:
+        return len(self._ready.get(name, []))
+
+    def container_ids(self) -> set[str]:
+        return {w.container_id for ws in self._ready.values() for w in ws}
+
+    async def wait_full(self, name: str, timeout: float = 60.0) -> None:
+        """Until ``size`` containers of image ``name`` are ready (tests, measurements)."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: self.ready_count(name) >= self.size)
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    def _kick(self, name: str) -> None:
+        task = self._fills.get(name)
+        if task is None or task.done():
+            self._fills[name] = asyncio.get_running_loop().create_task(self._fill(name))
+
+    async def _fill(self, name: str) -> None:
+        failures = 0
+        while self.ready_count(name) < self.size and failures < MAX_FAILURES:
+            image = self._images[name]
+            try:
+                async with self._creates:
+                    warm = await self._make(image)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the pool is an optimisation: log, retry, give up
+                failures += 1
+                log.warning("warm container for %s failed (%d/%d)", name, failures,
+                            MAX_FAILURES, exc_info=True)
+                await asyncio.sleep(0.5 * failures)
+                continue
+            failures = 0
+            if self._images.get(name) is not image:  # re-pointed while we built it
+                await self._discard(warm.container_id)
+                continue
+            self._ready.setdefault(name, []).append(warm)
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def stop(self) -> list[str]:
+        """Stop filling; returns the ready containers' ids (the caller deletes or keeps them)."""
+        tasks = [*self._fills.values(), *self._bg]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        ids = sorted(self.container_ids())
+        self._ready.clear()
+        self._fills.clear()
+        return ids
