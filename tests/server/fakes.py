@@ -114,6 +114,10 @@ class FakeRuntime:
         self.created: list[SandboxSpec] = []
         self.fail_create: str | None = None
         self.tcp_services: dict[int, int] = {}  # sandbox port -> host port of a test server
+        self.prewarmed: list[str] = []  # names of images the server asked to keep warm
+
+    async def prewarm(self, image: Image) -> None:
+        self.prewarmed.append(image.name)
 
     async def create(self, spec: SandboxSpec) -> None:
         if self.fail_create:

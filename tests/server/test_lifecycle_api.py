@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 
@@ -258,3 +260,20 @@ async def test_create_answers_pending_at_once_when_waiting_is_off(
     body = await create(client)
     assert body["status"]["state"] == "Pending"
     await harness.wait_state(client, body["id"], "Running")
+
+
+async def test_server_start_prewarms_the_pooled_images_it_has(harness: Harness) -> None:
+    # "base" is stored (FakeImages), so the default pool list asks the runtime to keep it warm.
+    assert harness.runtime.prewarmed == ["base"]
+
+
+async def test_no_prewarm_when_the_pool_is_off(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.cfg.runtime.warm_pool_size = 0
+    await h.start()
+    try:
+        assert h.runtime.prewarmed == []
+    finally:
+        await h.stop()
+        await h.runtime.stop_all()
+        shutil.rmtree(h.short_root, ignore_errors=True)

@@ -76,5 +76,11 @@ class Runtime(Protocol):
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Open a TCP connection to ``port`` inside the sandbox (its own network namespace)."""
 
+    async def prewarm(self, image: Image) -> None:
+        """Keep pre-started sandboxes of ``image`` ready for fast creates, if supported.
+
+        Returns at once; a runtime without a warm pool does nothing.
+        """
+
     async def close(self) -> None:
         """Release runtime resources at server shutdown. Sandboxes keep running."""

@@ -99,6 +99,18 @@ class SandboxService:
         for rec in await self.store.load_all():
             self._records[rec.id] = rec
         await reconcile(self)
+        await self._prewarm()
+
+    async def _prewarm(self) -> None:
+        """Ask the runtime to keep warm sandboxes of the pooled images that are stored here."""
+        if self.cfg.runtime.warm_pool_size <= 0:
+            return
+        for name in self.cfg.runtime.warm_pool_images:
+            image = self.images.get(name)
+            if image is None:
+                log.info("warm pool: image %s is not stored here; not prewarming it", name)
+                continue
+            await self.runtime.prewarm(image)
 
     async def stop(self) -> None:
         """Stop serving; sandboxes keep running and are picked up by the next start."""
