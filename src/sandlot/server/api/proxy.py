@@ -23,6 +23,7 @@ from websockets.asyncio.client import unix_connect as ws_unix_connect
 from websockets.exceptions import ConnectionClosed
 
 from sandlot.errors import Conflict, SandlotError
+from sandlot.server.execd_probe import unix_socket_client
 from sandlot.server.models import SandboxState
 from sandlot.server.service import SandboxService
 
@@ -69,9 +70,7 @@ class ProxyClients:
     def execd(self, sandbox_id: str) -> httpx.AsyncClient:
         client = self._execd.get(sandbox_id)
         if client is None:
-            sock = str(self.svc.runtime.execd_socket(sandbox_id))
-            transport = httpx.AsyncHTTPTransport(uds=sock)
-            client = httpx.AsyncClient(transport=transport, timeout=_TIMEOUT)
+            client = unix_socket_client(self.svc.runtime.execd_socket(sandbox_id), _TIMEOUT)
             self._execd[sandbox_id] = client
         return client
 
