@@ -23,6 +23,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sandlot.execd.oomscore import prefer_child
+
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -183,6 +185,8 @@ def spawn(
     )
     # The reaper owns the status: mark the Popen as finished so it never waits itself.
     proc.returncode = 0
+    # Before it forks further, so all it starts inherits it (see oomscore for why).
+    prefer_child(proc.pid)
     fut = REAPER.watch(proc.pid)
     REAPER.track_group(proc.pid)
     pgid = proc.pid

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# Kernels are preferred OOM victims like every child of execd (see sandlot.execd.oomscore).
+from sandlot.execd.oomscore import child_oom_score_adj as kernel_oom_score_adj
+from sandlot.execd.oomscore import prefer_for_oom
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -71,3 +75,5 @@ OOM_MESSAGE = (
     "The context was reset: the next run starts in a fresh kernel, so earlier variables and "
     "imports are gone."
 )
+
+__all__ = ["OOM_MESSAGE", "OomWatch", "kernel_oom_score_adj", "prefer_for_oom"]

@@ -21,7 +21,7 @@ from .events import Event, EventShaper, error_event, event
 from .kernels.base import Kernel, KernelDied, Output, describe_exit
 from .kernels.jupyter import JupyterKernel
 from .kernels.node import NodeKernel
-from .oom import OOM_MESSAGE, OomWatch
+from .oom import OOM_MESSAGE, OomWatch, prefer_for_oom
 from .pool import WarmPool
 from .readiness import open_ready_port
 from .settings import CodeSettings
@@ -133,6 +133,7 @@ class CodeService:
             raise RuntimeFailure(f"{language} kernel failed to start ({exc})") from exc
         except TimeoutError as exc:
             raise RuntimeFailure(f"{language} kernel did not start in time") from exc
+        prefer_for_oom(kernel.pid)
         return kernel
 
     async def _acquire_kernel(self, language: str, cwd: str | None) -> Kernel:

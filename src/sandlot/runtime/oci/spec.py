@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import resource
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,14 @@ ENTRYPOINT_LOG = f"{RUN_DIR}/entrypoint.log"
 WORKSPACE = "/workspace"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CPU_PERIOD_US = 100_000
+# execd (PID 1) all but opts out of the OOM killer: if it were picked, the whole sandbox would
+# go. Not -1000 (never killable): a leak in execd itself must still end somewhere. Children
+# inherit the value; the code service resets its kernels to 0 (execd/code/oom.py), so a kernel
+# over the memory limit is always chosen before execd. (On Linux >= 5.9 processes with equal
+# adjustments are still ranked by size, so children that keep -999 are no worse off than before.)
+# Lowering the value needs CAP_SYS_RESOURCE, which runc only has when this server has it.
+EXECD_OOM_SCORE_ADJ = -999
+CAP_SYS_RESOURCE_BIT = 24
 
 # Docker's default capability set minus NET_RAW (raw sockets: spoofing, ARP tricks) and
 # MKNOD (device nodes); execd runs as root inside and needs the file-ownership ones.
@@ -46,6 +55,26 @@ def _env(spec: SandboxSpec, bundle: ExecdBundle) -> list[str]:
     if spec.execd_token:
         env["SANDLOT_EXECD_TOKEN"] = spec.execd_token
     return [f"{k}={v}" for k, v in env.items()]
+
+
+@functools.cache
+def can_lower_oom_score_adj() -> bool:
+    """Whether this process (and so runc) holds CAP_SYS_RESOURCE in its effective set.
+
+    Without it runc cannot write a negative ``oomScoreAdj`` and the container fails to start,
+    e.g. when sandlot itself runs in a container that dropped the capability.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE_BIT & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _process_extras() -> dict[str, Any]:
+    return {"oomScoreAdj": EXECD_OOM_SCORE_ADJ} if can_lower_oom_score_adj() else {}
 
 
 def hostname(spec: SandboxSpec) -> str:
@@ -130,6 +159,7 @@ def build_config(
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}],
             "noNewPrivileges": True,
+            **_process_extras(),
         },
         "root": {"path": "rootfs", "readonly": False},
         "hostname": hostname(spec),
