@@ -157,3 +157,20 @@ async def test_restart_keeps_claims_and_removes_stale_warm_containers(
         for sid in await rt2.list_ids():
             await rt2.delete(sid)
         await rt2.close()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.15, 0.4])
+async def test_close_while_filling_leaves_nothing(
+    runtime_data_dir: Path, rt_image: Image, delay: float
+) -> None:
+    # close() can land at any point of a warm create (runc run, execd start-up, ping):
+    # whatever was being made must still be removed.
+    rt = await _open(runtime_data_dir, size=2)
+    await rt.prewarm(rt_image)
+    await asyncio.sleep(delay)
+    await rt.close()
+    leaked = [c for c in rt._container_ids() if is_pool_id(c)]
+    assert not leaked, f"warm containers left after close: {leaked}"
+    stray = [ln for ln in Path("/proc/self/mountinfo").read_text().splitlines()
+             if str(runtime_data_dir) in ln and "_pool-" in ln]
+    assert not stray

@@ -218,7 +218,7 @@ class WarmPool:
             image = self._images[name]
             try:
                 async with self._creates:
-                    warm = await self._make(image)
+                    warm = await self._make_uninterrupted(image)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - the pool is an optimisation: log, retry, give up
@@ -234,6 +234,21 @@ class WarmPool:
             self._ready.setdefault(name, []).append(warm)
             async with self._changed:
                 self._changed.notify_all()
+
+    async def _make_uninterrupted(self, image: Image) -> Warm:
+        """Create one warm container; a cancel waits for it to finish, then removes it.
+
+        Cancelling a create half-way (e.g. during ``runc run``) would let the container come
+        up after its clean-up ran, leaving processes, mounts and cgroups behind.
+        """
+        making = asyncio.ensure_future(self._make(image))
+        try:
+            return await asyncio.shield(making)
+        except asyncio.CancelledError:
+            with contextlib.suppress(BaseException):
+                warm = await making
+                await self._discard(warm.container_id)
+            raise
 
     async def stop(self) -> list[str]:
         """Stop filling; returns the ready containers' ids (the caller deletes or keeps them)."""

@@ -264,6 +264,7 @@ class OciRuntime:
         for cid in await self.pool.stop():
             with contextlib.suppress(Exception):
                 await self._teardown(cid)
+        await self._sweep_pool()  # anything unclaimed the bookkeeping missed
 
     async def _sweep_pool(self) -> None:
         """Delete warm containers nobody claimed (left by a crash or a kill -9)."""
