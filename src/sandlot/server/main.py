@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import signal
 import socket
 import sys
 import uuid
@@ -94,6 +95,11 @@ async def _serve(cfg: Config) -> int:
                 timeout_graceful_shutdown=5,
             )
         )
+        # uvicorn re-raises the stop signal once serve() returns; under the default SIGTERM
+        # action that would end the process before the runtime is closed (leaking its warm
+        # containers), so the re-raised signal is made a no-op here.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _after_shutdown)
         await server.serve()
         return 0 if server.started else 1
     finally:
@@ -103,6 +109,10 @@ async def _serve(cfg: Config) -> int:
             result = close()
             if asyncio.iscoroutine(result):
                 await result
+
+
+def _after_shutdown(signum: int, frame: object) -> None:
+    """The stop signal, delivered again after uvicorn finished: already being handled."""
 
 
 def run_server(cfg: Config) -> int:
