@@ -24,7 +24,7 @@ test: deps
 
 bench: deps
 	SANDLOT_WITH_DOCKER=1 scripts/install-deps.sh
-	$(PY) -m bench
+	$(PY) -m bench $(BENCH_ARGS)
 
 lint: deps
 	$(VENV)/bin/ruff check src tests bench

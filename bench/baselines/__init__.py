@@ -1,0 +1,1 @@
+"""Same-run baselines: the floors and the alternatives each sandlot figure is compared with."""

@@ -1,0 +1,30 @@
+"""The benchmarks, in the order ``python -m bench`` runs them (density last: it is heaviest)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from bench.benchmarks import code, commands, create, density, files, proxy
+from bench.env import BenchEnv
+from bench.results import Row
+
+Benchmark = Callable[[BenchEnv], Awaitable[list[Row]]]
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "create": create.run,
+    "commands": commands.run,
+    "files": files.run,
+    "code": code.run,
+    "proxy": proxy.run,
+    "density": density.run,
+}
+
+# Row keys (prefixes) each benchmark always reports, measured or marked skipped.
+EXPECTED_KEYS: dict[str, tuple[str, ...]] = {
+    "create": create.KEYS,
+    "commands": commands.KEYS,
+    "files": files.KEYS,
+    "code": code.KEYS,
+    "proxy": proxy.KEYS,
+    "density": density.KEYS,
+}

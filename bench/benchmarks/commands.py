@@ -1,0 +1,118 @@
+"""2. Commands on a warm sandbox: ``run("true")`` round trip, first stdout byte, streaming.
+
+First byte: the command prints ``date +%s.%N`` and stays alive; the figure is the wall-clock
+gap between that timestamp and the SDK's ``on_stdout`` callback (same host clock), so it is
+delivery latency, not process exit. Baselines: plain ``subprocess`` on the host, ``runc exec``
+and ``docker exec`` on the same rootfs.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+from opensandbox.models.execd import ExecutionHandlers, OutputMessage, RunCommandOpts
+
+from bench.baselines import host
+from bench.env import BenchEnv
+from bench.results import Measured, Row, Target, ms
+
+BENCH = "commands"
+KEYS = ("commands.true_rtt", "commands.first_byte", "commands.stream")
+STREAM_BUDGET = 60.0  # seconds; a stream cut by it still yields bytes received / time
+
+
+async def run(env: BenchEnv) -> list[Row]:
+    sc = env.scale
+    sandbox, _ = await env.sandboxes.create()
+    env.profile_execd(sandbox.id)
+    try:
+        for _ in range(5):  # warm-up: connections open, code paths hot
+            await sandbox.commands.run("true")
+
+        rtt: list[float] = []
+        for _ in range(sc.command_runs):
+            t0 = time.perf_counter()
+            execution = await sandbox.commands.run("true")
+            rtt.append(time.perf_counter() - t0)
+            if execution.error is not None:
+                raise RuntimeError(f"`true` failed in the sandbox: {execution.error}")
+
+        first: list[float] = []
+        for _ in range(sc.first_byte_runs):
+            seen: list[float] = []
+            stamp: list[float] = []
+
+            async def on_stdout(msg: OutputMessage, seen: list[float] = seen,
+                                stamp: list[float] = stamp) -> None:
+                if not seen:
+                    seen.append(time.time())
+                    stamp.append(host.parse_stamp(msg.text) or -1.0)
+
+            await sandbox.commands.run(host.FIRST_BYTE_SCRIPT,
+                                       handlers=ExecutionHandlers(on_stdout=on_stdout))
+            if seen and stamp[0] > 0:
+                first.append(max(0.0, seen[0] - stamp[0]))
+
+        stream: list[float] = []
+        stream_started = time.monotonic()
+        for _ in range(sc.stream_runs):
+            if stream and time.monotonic() - stream_started > STREAM_BUDGET / 2:
+                break  # slow streams: one or two samples are enough, the time bound matters
+            got = [0]
+
+            async def count(msg: OutputMessage, got: list[int] = got) -> None:
+                got[0] += len(msg.text)
+
+            t0 = time.perf_counter()
+            await sandbox.commands.run(
+                host.stream_command(sc.stream_bytes),
+                opts=RunCommandOpts(timeout=timedelta(seconds=STREAM_BUDGET)),
+                handlers=ExecutionHandlers(on_stdout=count, skip_accumulation=True),
+            )
+            elapsed = time.perf_counter() - t0
+            stream.append(got[0] / elapsed / 1e6)
+            if got[0] < sc.stream_bytes * 0.99:
+                env.note(f"commands.stream: received {got[0]} of {sc.stream_bytes} bytes "
+                         f"in {elapsed:.1f}s (cut at {STREAM_BUDGET:.0f}s or truncated)")
+    finally:
+        await env.sandboxes.delete(sandbox)
+
+    base_rtt = [Measured("subprocess", ms(host.run_true(sc.command_runs)))]
+    base_first = [Measured("subprocess", ms(host.first_byte(sc.first_byte_runs)))]
+    base_stream = [Measured("subprocess",
+                            host.stream_throughput(sc.stream_bytes, sc.stream_runs))]
+    runc = env.runc()
+    if runc is not None:
+        cid, _ = runc.run_detached()
+        try:
+            base_rtt.append(Measured("runc exec", ms([runc.exec(cid, "true")
+                                                      for _ in range(sc.command_runs)])))
+            prefix = runc.exec_argv(cid)
+            base_first.append(Measured("runc exec",
+                                       ms(host.first_byte(sc.first_byte_runs, prefix))))
+            base_stream.append(Measured("runc exec", host.stream_throughput(
+                sc.stream_bytes, sc.stream_runs, prefix)))
+        finally:
+            runc.delete(cid)
+    docker = env.docker()
+    if docker is not None:
+        cid, _ = docker.run_detached()
+        try:
+            base_rtt.append(Measured("docker exec", ms([docker.exec(cid, ["true"])[0]
+                                                        for _ in range(sc.command_runs)])))
+        finally:
+            docker.remove(cid)
+
+    size = f"{sc.stream_bytes >> 20} MiB"
+    return [
+        Row(key="commands.true_rtt", bench=BENCH, label='commands.run("true") round trip',
+            unit="ms", sandlot=Measured("sandlot", ms(rtt)),
+            target=Target("<=", 5, "p50", "issue 3"), baselines=base_rtt),
+        Row(key="commands.first_byte", bench=BENCH, label="first stdout byte after write",
+            unit="ms", sandlot=Measured("sandlot", ms(first)) if first else None,
+            target=Target("<=", 10, "p50", "issue 3"), baselines=base_first),
+        Row(key="commands.stream", bench=BENCH, label=f"stdout streaming ({size})",
+            unit="MB/s", sandlot=Measured("sandlot", stream), baselines=base_stream,
+            higher_is_better=True),
+    ]

@@ -1,0 +1,148 @@
+"""1. Create-to-Running through the SDK (serial and concurrent), delete, success rate.
+
+``Sandbox.create("base")`` is timed until it returns, i.e. until execd answered ``/ping``
+(readiness polled every 5 ms). Baselines: ``runc run -d`` + ``runc exec true`` on the same
+rootfs (the OCI floor) and ``docker run -d`` + ``docker exec true`` (a Docker-backed server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from bench.env import BenchEnv
+from bench.results import Measured, Row, Target, ms
+
+BENCH = "create"
+KEYS = ("create.serial", "create.delete", "create.concurrent", "create.success")
+CREATE_TIMEOUT = 120.0
+
+
+def _runc_create(env: BenchEnv, n: int) -> tuple[Measured | None, Measured | None]:
+    runc = env.runc()
+    if runc is None:
+        return None, None
+    creates, deletes = [], []
+    for _ in range(n):
+        cid, t_run = runc.run_detached()
+        t_exec = runc.exec(cid, "true")
+        creates.append(t_run + t_exec)
+        deletes.append(runc.delete(cid))
+    return Measured("runc run+exec", ms(creates)), Measured("runc delete", ms(deletes))
+
+
+def _docker_create(env: BenchEnv, n: int) -> tuple[Measured | None, Measured | None]:
+    docker = env.docker()
+    if docker is None:
+        return None, None
+    creates, deletes = [], []
+    for _ in range(n):
+        cid, t_run = docker.run_detached()
+        t_exec, _ = docker.exec(cid, ["true"])
+        creates.append(t_run + t_exec)
+        deletes.append(docker.remove(cid))
+    return Measured("docker run+exec", ms(creates)), Measured("docker rm -f", ms(deletes))
+
+
+def _concurrent_baseline(env: BenchEnv, level: int, rounds: int) -> list[Measured]:
+    out: list[Measured] = []
+    runc = env.runc()
+    if runc is not None:
+        def one_runc() -> float:
+            t0 = time.perf_counter()
+            cid, _ = runc.run_detached()
+            runc.exec(cid, "true")
+            return time.perf_counter() - t0
+
+        samples: list[float] = []
+        with ThreadPoolExecutor(level) as pool:
+            for _ in range(rounds):
+                samples += list(pool.map(lambda _: one_runc(), range(level)))
+                for cid in list(runc.running):
+                    runc.delete(cid)
+        out.append(Measured("runc run+exec", ms(samples)))
+    docker = env.docker()
+    if docker is not None:
+        def one_docker() -> float:
+            t0 = time.perf_counter()
+            cid, _ = docker.run_detached()
+            docker.exec(cid, ["true"])
+            return time.perf_counter() - t0
+
+        samples = []
+        with ThreadPoolExecutor(level) as pool:
+            for _ in range(rounds):
+                samples += list(pool.map(lambda _: one_docker(), range(level)))
+                for cid in list(docker.containers):
+                    docker.remove(cid)
+        out.append(Measured("docker run+exec", ms(samples)))
+    return out
+
+
+async def run(env: BenchEnv) -> list[Row]:
+    sc = env.scale
+    boxes = env.sandboxes
+    rows: list[Row] = []
+
+    warm, _ = await asyncio.wait_for(boxes.create(), CREATE_TIMEOUT)  # image + caches hot
+    await boxes.delete(warm)
+
+    creates: list[float] = []
+    deletes: list[float] = []
+    for _ in range(sc.create_serial):
+        sandbox, elapsed = await asyncio.wait_for(boxes.create(), CREATE_TIMEOUT)
+        creates.append(elapsed)
+        deletes.append(await boxes.delete(sandbox))
+
+    runc_c, runc_d = _runc_create(env, sc.create_serial)
+    dock_c, dock_d = _docker_create(env, sc.create_serial)
+    rows.append(Row(
+        key="create.serial", bench=BENCH, label="create-to-Running (serial)", unit="ms",
+        sandlot=Measured("sandlot", ms(creates)),
+        target=Target("<=", 60, "p50", "issue 2"),
+        baselines=[b for b in (runc_c, dock_c) if b],
+    ))
+    rows.append(Row(
+        key="create.delete", bench=BENCH, label="delete (API answer)", unit="ms",
+        sandlot=Measured("sandlot", ms(deletes)), target=Target("<=", 50, "p50", "issue 2"),
+        baselines=[b for b in (runc_d, dock_d) if b],
+    ))
+
+    for level, rounds in sc.create_concurrency:
+        latencies: list[float] = []
+        attempts = 0
+        failures: list[str] = []
+        t_wall = time.perf_counter()
+        for _ in range(rounds):
+            results = await asyncio.gather(
+                *(asyncio.wait_for(boxes.create(), CREATE_TIMEOUT) for _ in range(level)),
+                return_exceptions=True,
+            )
+            attempts += level
+            for res in results:
+                if isinstance(res, BaseException):
+                    failures.append(f"{type(res).__name__}: {res}"[:160])
+                else:
+                    latencies.append(res[1])
+            await boxes.delete_all()
+        wall = time.perf_counter() - t_wall
+        ok = attempts - len(failures)
+        note = f"{rounds} round(s) of {level}; wall {wall:.1f}s"
+        if failures:
+            note += f"; first failure: {failures[0]}"
+        rows.append(Row(
+            key=f"create.concurrent.{level}", bench=BENCH,
+            label=f"create-to-Running, {level} concurrent", unit="ms",
+            sandlot=Measured("sandlot", ms(latencies)) if latencies else None,
+            target=Target("<=", 150, "p99", "issue 2") if level == 10 else None,
+            baselines=_concurrent_baseline(env, level, rounds), note=note, headline="p99",
+        ))
+        rows.append(Row(
+            key=f"create.success.{level}", bench=BENCH,
+            label=f"success rate, {level} concurrent", unit="%",
+            sandlot=Measured("sandlot", [100.0 * ok / attempts]),
+            target=Target(">=", 100, "p50", "issue 5"), higher_is_better=True,
+            note=f"{ok}/{attempts} reached Running",
+        ))
+    return rows

@@ -1,0 +1,149 @@
+"""What every benchmark gets: the server, the SDK helper, the scale, and lazy baselines."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.baselines.docker import DockerBaseline, DockerUnavailable
+from bench.baselines.runc import RuncBaseline
+from bench.procs import execd_pids
+from bench.profiling import Profiler
+from bench.rootfs import Rootfs, RootfsUnavailable
+from bench.sdk import Sandboxes
+from bench.server import SandlotServer
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How much load each benchmark makes (every loop is bounded by these)."""
+
+    create_serial: int
+    create_concurrency: tuple[tuple[int, int], ...]  # (concurrent creates, rounds)
+    command_runs: int
+    first_byte_runs: int
+    stream_bytes: int
+    stream_runs: int
+    small_file_runs: int
+    large_file_bytes: int
+    large_file_runs: int
+    dir_entries: int
+    dir_runs: int
+    code_runs: int
+    context_runs: int
+    plot_runs: int
+    density_steps: tuple[int, ...]
+    docker_density: int
+    proxy_runs: int
+    proxy_download_bytes: int
+    settle_seconds: float
+    bench_timeout: float  # a benchmark that runs longer is cancelled (and cleaned up)
+
+
+FULL = Scale(
+    create_serial=30, create_concurrency=((10, 3), (50, 1)), command_runs=200,
+    first_byte_runs=30, stream_bytes=256 << 20, stream_runs=3, small_file_runs=30,
+    large_file_bytes=1 << 30, large_file_runs=2, dir_entries=10_000, dir_runs=5,
+    code_runs=100, context_runs=8, plot_runs=10, density_steps=(10, 50, 100),
+    docker_density=10, proxy_runs=100, proxy_download_bytes=64 << 20, settle_seconds=3.0,
+    bench_timeout=300.0,
+)
+QUICK = Scale(
+    create_serial=3, create_concurrency=((2, 1), (3, 1)), command_runs=10,
+    first_byte_runs=3, stream_bytes=4 << 20, stream_runs=1, small_file_runs=3,
+    large_file_bytes=16 << 20, large_file_runs=1, dir_entries=500, dir_runs=2,
+    code_runs=5, context_runs=2, plot_runs=2, density_steps=(2, 4),
+    docker_density=2, proxy_runs=5, proxy_download_bytes=4 << 20, settle_seconds=0.5,
+    bench_timeout=120.0,
+)
+
+
+@dataclass
+class BenchEnv:
+    server: SandlotServer
+    sandboxes: Sandboxes
+    scale: Scale
+    quick: bool
+    image_cache: Path
+    use_docker: bool
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sandlot-bench-w-",
+                                                                        dir="/var/tmp")))
+    notes: list[str] = field(default_factory=list)
+    profiler: Profiler | None = None
+    deadline: float = float("inf")  # time.monotonic() by which the current benchmark is cut
+    _rootfs: Rootfs | None = None
+    _runc: RuncBaseline | None = None
+    _runc_error: str | None = None
+    _docker: DockerBaseline | None = None
+    _docker_error: str | None = None
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def profile_execd(self, sandbox_id: str) -> None:
+        """Under ``--profile``, sample the execd daemon of ``sandbox_id`` too."""
+        if self.profiler is None:
+            return
+        for pid in sorted(execd_pids([sandbox_id])):
+            self.profiler.attach(pid, f"execd-{pid}")
+
+    def rootfs(self) -> Path:
+        if self._rootfs is None:
+            self._rootfs = Rootfs(self.image_cache, self.workdir)
+        return self._rootfs.resolve()
+
+    def runc(self) -> RuncBaseline | None:
+        """The raw-runc baseline (None, with a note, when it cannot run here)."""
+        if self._runc is not None or self._runc_error is not None:
+            return self._runc
+        if not RuncBaseline.available():
+            self._runc_error = "runc not installed: raw runc baselines skipped"
+        else:
+            try:
+                baseline = RuncBaseline(self.rootfs(), self.workdir / "runc",
+                                        prefix=f"bench-{self.sandboxes.run_id}")
+                baseline.prepare()
+                self._runc = baseline
+            except (RootfsUnavailable, OSError, RuntimeError) as exc:
+                self._runc_error = f"raw runc baselines skipped: {exc}"
+            except Exception as exc:  # noqa: BLE001 - e.g. CalledProcessError from runc spec
+                self._runc_error = f"raw runc baselines skipped: {exc}"
+        if self._runc_error:
+            self.note(self._runc_error)
+        return self._runc
+
+    def docker(self) -> DockerBaseline | None:
+        """A private dockerd with the same rootfs imported (None, with a note, otherwise)."""
+        if self._docker is not None or self._docker_error is not None:
+            return self._docker
+        why = DockerBaseline.available() if self.use_docker else (
+            "docker baselines off (--quick without --docker, or --no-docker)")
+        if why is None:
+            baseline = DockerBaseline(self.workdir / "docker")
+            try:
+                rootfs = self.rootfs()
+                baseline.start()
+                baseline.import_rootfs(rootfs)
+                self._docker = baseline
+            except (DockerUnavailable, RootfsUnavailable, OSError, RuntimeError) as exc:
+                baseline.close()
+                why = f"docker baselines skipped: {exc}"
+            except Exception as exc:  # noqa: BLE001 - httpx errors and the like
+                baseline.close()
+                why = f"docker baselines skipped: {exc}"
+        if why is not None:
+            self._docker_error = why
+            self.note(why)
+        return self._docker
+
+    def close(self) -> None:
+        if self._runc is not None:
+            self._runc.close()
+        if self._docker is not None:
+            self._docker.close()
+        if self._rootfs is not None:
+            self._rootfs.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)

@@ -1,0 +1,255 @@
+"""Runs the chosen benchmarks against a private server and always cleans up after them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from bench.benchmarks import BENCHMARKS, EXPECTED_KEYS
+from bench.env import FULL, QUICK, BenchEnv
+from bench.profiling import Profiler
+from bench.report import print_table, write_chart
+from bench.results import BenchOutcome, RunReport, now, result_stem, skipped, write_json
+from bench.sdk import Sandboxes
+from bench.server import (
+    DEFAULT_IMAGE_CACHE,
+    SandlotServer,
+    ensure_image,
+    leftovers,
+    reap_leftovers,
+)
+
+
+@dataclass
+class Options:
+    names: list[str]
+    quick: bool = False
+    out_dir: Path = Path(__file__).resolve().parent / "results"
+    image_cache: Path = DEFAULT_IMAGE_CACHE
+    docker: bool | None = None  # None: on for full runs, off for --quick
+    build_images: bool = False
+    profile: str | None = None
+    profiler: str = "py-spy"
+    budget: float | None = None  # seconds for all benchmarks (default: 13 min, 5 with --quick)
+
+
+class SdkRetries(logging.Handler):
+    """Counts the SDK's transport retries (each one adds its backoff to a figure) and keeps
+    its log lines out of the table; the counts go into the report's notes."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.retries: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if msg.startswith("retrying "):
+            parts = msg.split()
+            path = parts[2].split("/", 3)[-1].rstrip(":") if len(parts) > 2 else "?"
+            cause = next((p for p in parts if p.startswith("cause=")), "cause=?")
+            key = f"/{path} {cause}"
+            self.retries[key] = self.retries.get(key, 0) + 1
+
+    def take(self) -> dict[str, int]:
+        out, self.retries = self.retries, {}
+        return out
+
+
+def _quiet_sdk_logs() -> SdkRetries:
+    handler = SdkRetries()
+    sdk = logging.getLogger("opensandbox")
+    sdk.handlers = [handler]
+    sdk.propagate = False
+    sdk.setLevel(logging.INFO)
+    logging.getLogger("code_interpreter").setLevel(logging.ERROR)
+    return handler
+
+
+def _fill_missing(outcome: BenchOutcome) -> None:
+    """Every expected row is in the report: measured, or marked skipped with the reason."""
+    have = [r.key for r in outcome.rows]
+    why = outcome.error or "not measured"
+    for prefix in EXPECTED_KEYS[outcome.name]:
+        if not any(k == prefix or k.startswith(prefix + ".") for k in have):
+            outcome.rows.append(skipped(prefix, outcome.name, prefix.split(".", 1)[1],
+                                        "", why))
+
+
+async def _run_one(env: BenchEnv, name: str, opts: Options, report: RunReport,
+                   console: Console, retries: SdkRetries, left: float) -> None:
+    outcome = BenchOutcome(name)
+    timeout = min(left, env.scale.bench_timeout * (2.5 if name == "density" else 1.0))
+    if timeout < 10:
+        outcome.error = "not run: the run's time budget was used up"
+        _fill_missing(outcome)
+        report.outcomes.append(outcome)
+        console.print(f"[bold]{name}[/] [red]{outcome.error}[/]")
+        return
+    profiler = None
+    if opts.profile == name:
+        profiler = Profiler(opts.profiler, opts.out_dir, f"{result_stem(report.started)}-{name}")
+        env.profiler = profiler
+        profiler.attach(env.server.pid, "server")
+        profiler.start_client()
+    console.print(f"[bold]{name}[/] ...", end=" ")
+    t0 = time.perf_counter()
+    env.deadline = time.monotonic() + timeout
+    try:
+        outcome.rows = await asyncio.wait_for(BENCHMARKS[name](env), timeout)
+    except TimeoutError:
+        outcome.error = f"timed out after {timeout:.0f}s (bounded; sandboxes deleted)"
+    except asyncio.CancelledError:
+        outcome.error = "interrupted"
+        raise
+    except Exception as exc:  # noqa: BLE001 - one benchmark failing must not stop the rest
+        outcome.error = f"{type(exc).__name__}: {exc}"[:300]
+        report.environment.setdefault("tracebacks", {})[name] = traceback.format_exc()[-3000:]
+    finally:
+        outcome.seconds = time.perf_counter() - t0
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(env.sandboxes.delete_all(), 120)
+        if profiler is not None:
+            for path in profiler.stop():
+                report.notes.append(f"profile of {name}: {path}")
+            report.notes += [f"profile of {name}: {e}" for e in profiler.errors]
+            env.profiler = None
+        _fill_missing(outcome)
+        counted = retries.take()
+        if counted:
+            report.notes.append(f"{name}: the SDK retried requests (each retry adds its "
+                                f"backoff, 0.5 s at first, to the figure): {counted}")
+        report.outcomes.append(outcome)
+        status = f"[red]{outcome.error}[/]" if outcome.error else "[green]done[/]"
+        console.print(f"{status} ({outcome.seconds:.1f}s)")
+
+
+async def _run_all(env: BenchEnv, opts: Options, report: RunReport, console: Console) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    retries = _quiet_sdk_logs()
+    budget = opts.budget or (300.0 if opts.quick else 780.0)
+    deadline = time.monotonic() + budget
+    try:
+        for name in opts.names:
+            await _run_one(env, name, opts, report, console, retries,
+                           deadline - time.monotonic())
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+def _describe_host(opts: Options) -> dict[str, object]:
+    """What the figures were measured on (cores, memory, versions, commit)."""
+    import importlib.metadata as md
+    import os
+    import subprocess
+
+    import psutil
+
+    def first_line(cmd: list[str]) -> str:
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
+            return (out.stdout or out.stderr).strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            return "unavailable"
+
+    versions = {}
+    for pkg in ("sandlot", "opensandbox", "opensandbox-code-interpreter"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = "not installed"
+    return {
+        "cpus": os.cpu_count(), "memory_bytes": psutil.virtual_memory().total,
+        "load_average_at_start": os.getloadavg(), "versions": versions,
+        "runc": first_line(["runc", "--version"]), "dockerd": first_line(["dockerd", "--version"]),
+        "commit": first_line(["git", "-C", str(Path(__file__).resolve().parent.parent),
+                              "rev-parse", "--short", "HEAD"]),
+        "image_cache": str(opts.image_cache),
+    }
+
+
+def _sigterm_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run(opts: Options) -> tuple[RunReport, int]:
+    console = Console(width=200)
+    scale = QUICK if opts.quick else FULL
+    report = RunReport(started=now(), quick=opts.quick)
+    report.environment.update(_describe_host(opts))
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    server = SandlotServer(image_cache=opts.image_cache)
+    env: BenchEnv | None = None
+    interrupted = False
+    try:
+        t0 = time.perf_counter()
+        ok, msg = ensure_image("base", opts.image_cache)
+        report.environment["base_image"] = {"ok": ok, "seconds": round(time.perf_counter() - t0, 1),
+                                            "output": msg}
+        if not ok:
+            report.notes.append(f"`sandlot image build base` failed: {msg}")
+        if opts.build_images:
+            ok_ci, msg_ci = ensure_image("code-interpreter", opts.image_cache, timeout=1800)
+            if not ok_ci:
+                report.notes.append(f"`sandlot image build code-interpreter` failed: {msg_ci}")
+        server.start()
+        console.print(f"sandlot server on {server.base_url} (pid {server.pid}, "
+                      f"data dir {server.data_dir})")
+        env = BenchEnv(
+            server=server, sandboxes=Sandboxes(server, secrets.token_hex(4)), scale=scale,
+            quick=opts.quick, image_cache=opts.image_cache,
+            use_docker=opts.docker if opts.docker is not None else not opts.quick,
+        )
+        asyncio.run(_run_all(env, opts, report, console))
+    except (KeyboardInterrupt, asyncio.CancelledError):  # SIGINT / SIGTERM
+        interrupted = True
+        report.notes.append("interrupted: the run was stopped; everything it made was removed")
+    except Exception as exc:  # noqa: BLE001 - report what happened, after cleaning up
+        report.notes.append(f"run failed: {type(exc).__name__}: {exc}")
+        report.environment["server_log_tail"] = server.log_tail(40)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish cleaning up, then exit
+        _cleanup(server, env, report)
+        signal.signal(signal.SIGTERM, previous)
+    report.notes += [] if env is None else env.notes
+    json_path = write_json(report, opts.out_dir)
+    chart = write_chart(report, opts.out_dir)
+    print_table(report, console)
+    console.print(f"results: {json_path}" + (f", chart: {chart}" if chart else ""))
+    failed = interrupted or any(o.error for o in report.outcomes) or not report.outcomes
+    return report, 1 if failed else 0
+
+
+def _cleanup(server: SandlotServer, env: BenchEnv | None, report: RunReport) -> None:
+    if server.proc is not None and server.proc.poll() is None and env is not None:
+        try:
+            swept = env.sandboxes.sweep()
+            if swept:
+                report.notes.append(f"last sweep deleted {len(swept)} sandbox(es) left behind")
+        except Exception as exc:  # noqa: BLE001 - keep cleaning up
+            report.notes.append(f"last sweep failed: {exc}")
+    if env is not None:
+        env.close()
+    if any(o.error for o in report.outcomes):
+        report.environment.setdefault("server_log_tail", server.log_tail(40))
+    root = server.root
+    server.stop()
+    if root is not None:
+        left = reap_leftovers(root) + leftovers(root)
+        if left:
+            report.notes.append(f"left on the host after the server stopped (the harness "
+                                f"removed them): {len(left)} item(s), e.g. {left[:4]}")
+            report.environment["leftovers"] = left
+            report.environment.setdefault("server_log_tail", server.log_tail(40))
+    server.remove()

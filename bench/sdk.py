@@ -1,0 +1,114 @@
+"""Sandboxes through the released ``opensandbox`` SDK, every one tracked for cleanup.
+
+Each sandbox is created with metadata ``sandlot-bench=<run id>``; ``sweep`` lists the server
+and deletes whatever is left (interrupted creates included), so no run leaves a sandbox behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from opensandbox import Sandbox
+from opensandbox.config import ConnectionConfig
+
+from bench.server import SandlotServer
+
+METADATA_KEY = "sandlot-bench"
+POLL = timedelta(milliseconds=5)  # readiness polling; the SDK's default 200 ms would dominate
+LIFETIME = timedelta(minutes=30)  # a sandbox a crashed run leaves behind expires by itself
+
+
+class Sandboxes:
+    def __init__(self, server: SandlotServer, run_id: str):
+        self.server = server
+        self.run_id = run_id
+        self.live: dict[str, Sandbox] = {}
+
+    def config(self, *, proxy: bool = False) -> ConnectionConfig:
+        return ConnectionConfig(
+            domain=self.server.domain, api_key=self.server.api_key, use_server_proxy=proxy,
+            disable_metrics=True, request_timeout=timedelta(seconds=300),
+        )
+
+    async def create(self, image: str = "base", *, ready_timeout: float = 60.0,
+                     proxy: bool = False, **kwargs: Any) -> tuple[Sandbox, float]:
+        """Create and wait until execd answers ``/ping``; (sandbox, seconds)."""
+        t0 = time.perf_counter()
+        sandbox = await Sandbox.create(
+            image, connection_config=self.config(proxy=proxy), timeout=LIFETIME,
+            ready_timeout=timedelta(seconds=ready_timeout), health_check_polling_interval=POLL,
+            metadata={METADATA_KEY: self.run_id}, **kwargs,
+        )
+        elapsed = time.perf_counter() - t0
+        self.live[sandbox.id] = sandbox
+        return sandbox, elapsed
+
+    async def connect(self, sandbox_id: str, *, proxy: bool) -> Sandbox:
+        return await Sandbox.connect(sandbox_id, connection_config=self.config(proxy=proxy),
+                                     health_check_polling_interval=POLL)
+
+    async def delete(self, sandbox: Sandbox) -> float:
+        """``kill()`` (DELETE /sandboxes/{id}); seconds until the server answered."""
+        t0 = time.perf_counter()
+        try:
+            await sandbox.kill()
+            return time.perf_counter() - t0
+        finally:
+            self.live.pop(sandbox.id, None)
+            with contextlib.suppress(Exception):
+                await sandbox.close()
+
+    async def delete_all(self, concurrency: int = 8) -> list[float]:
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(sb: Sandbox) -> float | None:
+            async with sem:
+                try:
+                    return await self.delete(sb)
+                except Exception:  # noqa: BLE001 - the sweep catches what is left
+                    return None
+
+        done = await asyncio.gather(*(one(sb) for sb in list(self.live.values())))
+        return [d for d in done if d is not None]
+
+    def sweep(self, timeout: float = 120.0) -> list[str]:
+        """Delete every sandbox the server still has that is not Terminated (sync, no SDK)."""
+        deleted: list[str] = []
+        headers = {"OPEN-SANDBOX-API-KEY": self.server.api_key}
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=f"{self.server.base_url}/v1", headers=headers,
+                          timeout=60.0) as client:
+            for _ in range(5):  # a delete may race a create that was still finishing
+                ids = _list_ids(client)
+                ids = [i for i in ids if i not in deleted]
+                if not ids or time.monotonic() > deadline:
+                    break
+                for sandbox_id in ids:
+                    with contextlib.suppress(httpx.HTTPError):
+                        r = client.delete(f"/sandboxes/{sandbox_id}")
+                        if r.status_code < 300 or r.status_code == 404:
+                            deleted.append(sandbox_id)
+        for sandbox_id in deleted:
+            self.live.pop(sandbox_id, None)
+        return deleted
+
+
+def _list_ids(client: httpx.Client) -> list[str]:
+    ids: list[str] = []
+    for page in range(1, 100):
+        r = client.get("/sandboxes", params={"page": page, "pageSize": 100})
+        if r.status_code != 200:
+            break
+        body = r.json()
+        for item in body.get("items", []):
+            state = (item.get("status") or {}).get("state")
+            if state not in ("Terminated", "Stopping"):
+                ids.append(item["id"])
+        if not (body.get("pagination") or {}).get("hasNextPage"):
+            break
+    return ids

@@ -1,0 +1,255 @@
+"""A private ``sandlot serve`` for one benchmark run: own data dir, shared image cache.
+
+The server gets a fresh data dir under a temp dir (its own database and sandbox folders) whose
+``images/`` is a symlink to the image cache's store, so cached images (``base``,
+``code-interpreter``) are built once and reused by every run, and whose ``execd-bundle/`` is a
+symlink to a bundle cache (``$SANDLOT_BENCH_BUNDLE``), built on the first run only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_IMAGE_CACHE = Path(os.environ.get("SANDLOT_BENCH_IMAGE_DATA_DIR", "/var/lib/sandlot"))
+# The read-only execd bundle the server builds once per data dir; shared between runs.
+BUNDLE_CACHE = Path(
+    os.environ.get("SANDLOT_BENCH_BUNDLE", "/var/tmp/sandlot-bench-cache/execd-bundle"))
+
+
+def sandlot_cli() -> list[str]:
+    """The ``sandlot`` command of this interpreter's environment."""
+    exe = Path(sys.executable).with_name("sandlot")
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-m", "sandlot"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_image(name: str, cache_dir: Path, timeout: float = 900.0) -> tuple[bool, str]:
+    """``sandlot image build NAME --data-dir CACHE --if-missing``; (ok, output tail)."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(
+            [*sandlot_cli(), "image", "build", name, "--data-dir", str(cache_dir), "--if-missing"],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"image build {name} took over {timeout:.0f}s"
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+    return proc.returncode == 0, " | ".join(tail)
+
+
+def image_present(name: str, cache_dir: Path) -> bool:
+    """Whether ``sandlot image ls`` lists ``name`` (without building anything)."""
+    try:
+        proc = subprocess.run(
+            [*sandlot_cli(), "image", "ls", "--quiet", "--data-dir", str(cache_dir)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    if proc.returncode != 0:
+        return False
+    names = {line.strip().removesuffix(":latest") for line in proc.stdout.splitlines()}
+    return name in names
+
+
+@dataclass
+class SandlotServer:
+    image_cache: Path = DEFAULT_IMAGE_CACHE
+    host: str = "127.0.0.1"
+    port: int = 0
+    api_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    root: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def data_dir(self) -> Path:
+        assert self.root is not None
+        return self.root / "data"
+
+    @property
+    def domain(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.domain}"
+
+    @property
+    def log_path(self) -> Path:
+        assert self.root is not None
+        return self.root / "server.log"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="sandlot-bench-", dir=_tmp_base()))
+        self.data_dir.mkdir()
+        images = self.image_cache / "images"
+        images.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "images").symlink_to(images)
+        BUNDLE_CACHE.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "execd-bundle").symlink_to(BUNDLE_CACHE)
+        self.port = self.port or free_port()
+        config = self.root / "config.toml"
+        config.write_text(
+            f'data_dir = "{self.data_dir}"\n\n[server]\nhost = "{self.host}"\nport = {self.port}\n'
+            f'api_key = "{self.api_key}"\n\n[runtime]\ntype = "oci"\n'
+        )
+        env = {**os.environ, **self.extra_env}
+        env.pop("OPENSANDBOX_SERVER_API_KEY", None)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [*sandlot_cli(), "serve", "--config", str(config), "--host", self.host,
+             "--port", str(self.port), "--data-dir", str(self.data_dir)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sandlot serve exited with {self.proc.returncode}: "
+                                   f"{self.log_tail()}")
+            try:
+                r = httpx.get(f"{self.base_url}/health", timeout=1.0)
+                if r.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"sandlot serve did not answer /health in {timeout:.0f}s: "
+                           f"{self.log_tail()}")
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace``."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def remove(self) -> None:
+        """Delete the temp dir (not the shared caches it links to)."""
+        if self.root is not None and os.environ.get("SANDLOT_BENCH_KEEP") != "1":
+            for shared in ("images", "execd-bundle"):
+                link = self.data_dir / shared
+                if link.is_symlink():
+                    link.unlink()
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _tmp_base() -> str | None:
+    # /tmp may be a small tmpfs; the 1 GiB file benchmark wants a real disk.
+    for candidate in (os.environ.get("SANDLOT_BENCH_TMP"), "/var/tmp"):
+        if candidate and os.path.isdir(candidate):
+            return candidate
+    return None
+
+
+def leftovers(root: Path) -> list[str]:
+    """Mounts and processes still referring to ``root`` (there should be none after a run)."""
+    found: list[str] = []
+    prefix = str(root)
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                mount_point = line.split()[4]
+                if mount_point.startswith(prefix):
+                    found.append(f"mount {mount_point}")
+    except OSError:
+        pass
+    import psutil
+
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if prefix in cmd or (proc.info["cwd"] or "").startswith(prefix):
+                found.append(f"process {proc.info['pid']}: {cmd[:120]}")
+        except (psutil.Error, TypeError):
+            continue
+    return found
+
+
+def _cgroup_dirs(pid: int) -> list[Path]:
+    """The cgroup directories ``pid`` is in (v1 controllers and v2), as host paths."""
+    dirs: list[Path] = []
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return dirs
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if not controllers:
+            dirs += [Path("/sys/fs/cgroup/unified") / rel, Path("/sys/fs/cgroup") / rel]
+            continue
+        for c in controllers.split(","):
+            dirs.append(Path("/sys/fs/cgroup") / c.removeprefix("name=") / rel)
+    return dirs
+
+
+def reap_leftovers(root: Path) -> list[str]:
+    """Remove what the private server left of its sandboxes after it stopped: processes in
+    the cgroups of sandboxes under ``root`` (only those: every one was made by this run),
+    their cgroups, and mounts under ``root``. Returns what it found, for the report."""
+    import psutil
+
+    found: list[str] = []
+    sandboxes = root / "data" / "sandboxes"
+    ids = {p.name for p in sandboxes.iterdir()} if sandboxes.is_dir() else set()
+    cgroups: set[Path] = set()
+    if ids:
+        for proc in psutil.process_iter(["pid"]):
+            pid = int(proc.info["pid"])
+            dirs = _cgroup_dirs(pid)
+            if any(d.name in ids for d in dirs):
+                found.append(f"process {pid} of sandbox "
+                             f"{next(d.name for d in dirs if d.name in ids)}")
+                cgroups.update(d for d in dirs if d.name in ids)
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+        time.sleep(0.5)
+    mounts: list[str] = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as fh:
+        mounts = [line.split()[4] for line in fh if line.split()[4].startswith(str(root))]
+    for point in sorted(mounts, key=len, reverse=True):
+        found.append(f"mount {point}")
+        if subprocess.run(["umount", point], capture_output=True, check=False).returncode:
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+    for cg in cgroups:
+        with contextlib.suppress(OSError):
+            cg.rmdir()
+    return found
