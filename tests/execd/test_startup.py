@@ -111,3 +111,12 @@ def test_code_service_loads_after_listening(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_code_service_loads_eagerly_only_in_code_images() -> None:
+    from sandlot.execd.lazyext import wanted_at_start
+
+    assert not wanted_at_start({"PATH": "/usr/bin"})
+    assert not wanted_at_start({"SANDLOT_CODE_PRESTART": ""})
+    assert wanted_at_start({"JUPYTER_PORT": "44771"})
+    assert wanted_at_start({"SANDLOT_CODE_PRESTART": "python"})

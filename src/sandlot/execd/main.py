@@ -152,7 +152,7 @@ async def _serve(
     extensions: list[Any] = []
     code = None
     if not ns.no_code:
-        from sandlot.execd.lazyext import DeferredCode
+        from sandlot.execd.lazyext import DeferredCode, wanted_at_start
 
         code = DeferredCode(settings)
         extensions.append(code)
@@ -162,7 +162,7 @@ async def _serve(
         def on_claim(argv: list[str]) -> None:
             if argv:
                 loop.create_task(_start_entrypoint(server, argv, ns.entrypoint_log, settings))
-            if code is not None:
+            if code is not None and wanted_at_start(os.environ):
                 code.start_loading()  # now that the sandbox's environment is in place
 
         extensions.append(ClaimExtension(settings, on_claim))
@@ -189,7 +189,7 @@ async def _serve(
 
     if entrypoint and not ns.pooled:
         loop.create_task(_start_entrypoint(server, entrypoint, ns.entrypoint_log, settings))
-    if code is not None and not ns.pooled:
+    if code is not None and not ns.pooled and wanted_at_start(os.environ):
         loop.create_task(_after_start(server, code.start_loading))
     unix_paths = [s.getsockname() for s in sockets if s.family == socket.AF_UNIX]
     try:
