@@ -78,7 +78,11 @@ async def test_kill9_restart(fresh_server: SandlotServer, image_store: ImageStor
         # The direct endpoint handed out before the crash still works, at the same address.
         assert c.get(f"/v1/sandboxes/{keep}/endpoints/44772").json() == ep
         with httpx.Client(base_url=f"http://{ep['endpoint']}", headers=ep["headers"]) as d:
-            assert d.get("/ping").status_code == 200
+            try:
+                pong = d.get("/ping")
+            except httpx.HTTPError as exc:
+                raise AssertionError(f"direct endpoint: {exc!r}\n{server.log_tail()}") from exc
+            assert pong.status_code == 200
 
         # The SDK reconnects and runs a command.
         cfg = ConnectionConfig(domain=server.domain, api_key=server.api_key)
@@ -93,7 +97,8 @@ async def test_kill9_restart(fresh_server: SandlotServer, image_store: ImageStor
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and c.get(f"/v1/sandboxes/{expiring}").status_code != 404:
             time.sleep(0.2)
-        assert c.get(f"/v1/sandboxes/{expiring}").status_code == 404
+        last = c.get(f"/v1/sandboxes/{expiring}")
+        assert last.status_code == 404, (last.text, server.log_tail())
         assert expiring not in server.runtime_ids()
 
         items = c.get("/v1/sandboxes").json()["items"]

@@ -4,6 +4,7 @@ token, limits, entrypoint), the pool refills, nothing leaks on delete or across 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -141,6 +142,8 @@ async def test_restart_keeps_claims_and_removes_stale_warm_containers(
     stale = await rt1.pool.stop()
     assert len(stale) == 2
     rt1._connector.close()
+    assert rt1._pool_lock_fd is not None
+    os.close(rt1._pool_lock_fd)  # a dead process holds no lock
 
     rt2 = await _open(runtime_data_dir, size=2)
     try:
@@ -174,3 +177,19 @@ async def test_close_while_filling_leaves_nothing(
     stray = [ln for ln in Path("/proc/self/mountinfo").read_text().splitlines()
              if str(runtime_data_dir) in ln and "_pool-" in ln]
     assert not stray
+
+
+async def test_a_second_runtime_leaves_the_owners_warm_containers_alone(
+    pooled: OciRuntime, rt_image: Image
+) -> None:
+    # A tool or test opening the same data dir while the server runs must not sweep its pool.
+    warm = {w.container_id for w in pooled.pool._ready[rt_image.name]}
+    assert warm
+    other = await _open(pooled.data_dir, size=2)
+    try:
+        assert other.pool.size == 0  # not the owner: keeps no pool of its own
+    finally:
+        await other.close()
+    assert warm <= pooled._container_ids()
+    await pooled.create(spec("after-other", rt_image))
+    assert pooled.container_id("after-other") in warm  # still claimable

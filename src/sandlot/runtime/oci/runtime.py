@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -87,6 +88,8 @@ class OciRuntime:
         self.claims = pool.ClaimStore(data_dir / "pool" / "claims")
         self.pool = pool.WarmPool(warm_pool_size, list(warm_pool_images or []),
                                   self._make_warm, self._teardown)
+        self._made_warm: set[str] = set()  # warm containers this instance started
+        self._pool_lock_fd: int | None = None
 
     @classmethod
     async def open(cls, cfg: Config) -> OciRuntime:
@@ -104,8 +107,27 @@ class OciRuntime:
         bundle = await asyncio.to_thread(ensure_bundle, data_dir / "execd-bundle")
         rt = cls(data_dir, resolved, bundle, cfg.runtime.pids_limit,
                  cfg.runtime.warm_pool_size, cfg.runtime.warm_pool_images)
-        await rt._sweep_pool()
+        if rt._own_pool_dir():
+            await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
         return rt
+
+    def _own_pool_dir(self) -> bool:
+        """Take the data dir's pool lock; False when another live runtime (a server) holds it.
+
+        Only the owner keeps a warm pool and sweeps stale warm containers, so a second process
+        opening the same data dir (tools, tests) never removes the server's warm containers.
+        """
+        lock_path = self.data_dir / "pool" / "owner.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            self.pool.size = 0
+            return False
+        self._pool_lock_fd = fd
+        return True
 
     def container_id(self, sandbox_id: str) -> str:
         """The runc container a sandbox runs in: its own id, or a claimed warm container's."""
@@ -250,6 +272,9 @@ class OciRuntime:
         """Stop refilling and delete the unclaimed warm containers (a start re-creates them)."""
         await self.drain_pool()
         self._connector.close()
+        if self._pool_lock_fd is not None:
+            os.close(self._pool_lock_fd)  # releases the pool lock
+            self._pool_lock_fd = None
 
     # -- warm pool ----------------------------------------------------------------------
 
@@ -264,12 +289,16 @@ class OciRuntime:
         for cid in await self.pool.stop():
             with contextlib.suppress(Exception):
                 await self._teardown(cid)
-        await self._sweep_pool()  # anything unclaimed the bookkeeping missed
+        # Anything of ours the bookkeeping missed; only ours: another process may be serving
+        # this data dir (tools, tests), and its warm containers are not ours to remove.
+        await self._sweep_pool(only=set(self._made_warm))
 
-    async def _sweep_pool(self) -> None:
+    async def _sweep_pool(self, only: set[str] | None = None) -> None:
         """Delete warm containers nobody claimed (left by a crash or a kill -9)."""
         claimed = set(self.claims.items().values())
         for cid in sorted(self._container_ids()):
+            if only is not None and cid not in only:
+                continue
             if pool.is_pool_id(cid) and cid not in claimed:
                 try:
                     await self._teardown(cid)
@@ -278,6 +307,7 @@ class OciRuntime:
 
     async def _make_warm(self, image: Image) -> pool.Warm:
         cid = pool.new_pool_id()
+        self._made_warm.add(cid)
         token = secrets.token_urlsafe(24)
         spec = SandboxSpec(sandbox_id=cid, image=image, entrypoint=[],
                            pids_limit=self.pids_limit, execd_token=token)
