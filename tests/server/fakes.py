@@ -113,6 +113,7 @@ class FakeRuntime:
         self.containers: dict[str, FakeContainer] = {}
         self.created: list[SandboxSpec] = []
         self.fail_create: str | None = None
+        self.fail_deletes = 0  # how many of the next deletes fail
         self.tcp_services: dict[int, int] = {}  # sandbox port -> host port of a test server
         self.prewarmed: list[str] = []  # names of images the server asked to keep warm
 
@@ -128,6 +129,9 @@ class FakeRuntime:
         await c.start()
 
     async def delete(self, sandbox_id: str) -> None:
+        if self.fail_deletes > 0:
+            self.fail_deletes -= 1
+            raise RuntimeFailure("runc delete failed (injected)")
         c = self.containers.pop(sandbox_id, None)
         if c is not None:
             await c.stop()

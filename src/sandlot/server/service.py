@@ -38,6 +38,8 @@ from sandlot.server.models import SandboxRecord, SandboxState, utcnow
 from sandlot.server.quantity import parse_cpu, parse_memory
 from sandlot.server.store import SandboxStore
 
+EXPIRY_RETRY = 30.0  # seconds before a failed expiry is tried again
+
 log = logging.getLogger(__name__)
 
 KEEP_ALIVE = ["tail", "-f", "/dev/null"]
@@ -337,12 +339,19 @@ class SandboxService:
 
     async def _expire(self, sandbox_id: str) -> None:
         rec = self._records.get(sandbox_id)
-        if rec is None or rec.expires_at is None or rec.expires_at > utcnow():
+        if rec is None or rec.expires_at is None:
+            return
+        if rec.expires_at > utcnow():  # renewed meanwhile, or the timer ran a hair early
+            self.expiry.schedule(sandbox_id, rec.expires_at)
             return
         try:
             await self.delete(sandbox_id, reason="ttl_expiry")
         except (NotFound, Conflict):
             pass
+        except Exception:
+            # Never drop an expiry: try again shortly (the record says why it failed).
+            log.exception("expiring %s failed; retrying in %.0fs", sandbox_id, EXPIRY_RETRY)
+            self.expiry.schedule(sandbox_id, utcnow() + timedelta(seconds=EXPIRY_RETRY))
 
     async def pause(self, sandbox_id: str) -> None:
         rec = self.get(sandbox_id)
