@@ -41,7 +41,6 @@ class RuntimeConfig(_Section):
     # OCI runtime binary: runc by default; crun on cgroup-v2-only hosts; runsc for gVisor.
     oci_binary: str | None = None
     pids_limit: int = 4096
-    default_image: str = "base"
     # Warm pool (oci): this many pre-started sandboxes per listed image, claimed by create.
     warm_pool_size: int = 2
     warm_pool_images: list[str] = Field(default_factory=lambda: ["base"])
@@ -108,7 +107,9 @@ max_sandbox_timeout_seconds = 86400
 type = "oci"          # oci (no daemon needed) | docker
 # oci_binary = "runc" # runc, crun or runsc
 pids_limit = 4096
-default_image = "base"
+# Pre-started sandboxes per pooled image, claimed by creates in a few ms (0 turns it off).
+warm_pool_size = 2
+warm_pool_images = ["base"]
 
 [store]
 # url = "postgresql+asyncpg://user:pass@127.0.0.1/sandlot"   # default: SQLite in data_dir
