@@ -26,7 +26,9 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--config", "config_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option(
+    "--config", "config_file", type=click.Path(path_type=Path, exists=True, dir_okay=False)
+)
 @click.option("--host", help="Address to listen on (default from config: 127.0.0.1).")
 @click.option("--port", type=int, help="Port to listen on (default from config: 8080).")
 @click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False))

@@ -11,7 +11,9 @@ import httpx
 EXECD_TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"
 
 
-def unix_socket_client(socket_path: Path | str, timeout: float) -> httpx.AsyncClient:
+def unix_socket_client(
+    socket_path: Path | str, timeout: float | httpx.Timeout
+) -> httpx.AsyncClient:
     """An HTTP client over a local unix socket.
 
     No TLS and no proxies ever apply there, so neither is set up: loading the CA bundle for
