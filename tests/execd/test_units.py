@@ -191,3 +191,44 @@ def test_globs_and_modes() -> None:
     assert parse_mode(None, default=0o600) == 0o600
     with pytest.raises(Exception):  # noqa: B017 - sandlot InvalidRequest
         parse_mode(999, default=0)
+
+
+def test_output_event_fast_path_decodes_to_the_text() -> None:
+    import random
+
+    rnd = random.Random(7)
+    alphabet = ["a", '"', "\\", "\n", "\r", "\t", "\x00", "\x1f", "\x7f", "é", "\u2028"]
+    alphabet += ["\u2029", "\x85", "😀", "\ud800", "</", "\x0b", " "]
+    for _ in range(3000):
+        text = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 30)))
+        line = sse.encode_output("stderr", text)
+        decoded = line.decode()  # valid UTF-8 whatever the text
+        assert "\n" not in decoded and "\r" not in decoded
+        assert not any(ch in decoded for ch in ("\x85", "\u2028", "\u2029"))
+        event = json.loads(decoded)
+        assert event["type"] == "stderr" and event["text"] == text
+        assert isinstance(event["timestamp"], int)
+
+
+def test_output_log_cursor_with_any_chunking(tmp_path: Path) -> None:
+    import random
+
+    rnd = random.Random(3)
+    lines = [b"x" * rnd.randint(0, 40) + b"\n" for _ in range(6000)]
+    data = b"".join(lines) + b"tail"
+    log = OutputLog(str(tmp_path / "log"))
+    pos = 0
+    while pos < len(data):  # writes of any size, splitting lines anywhere
+        n = rnd.choice([1, 7, 100, 5000, 70000])
+        log.write(data[pos : pos + n])
+        pos += n
+    assert log.lines == 6000
+    for cursor in [0, 1, 1023, 1024, 1025, 2047, 2048, 4097, 5999, 6000, 6001]:
+        start, end, nxt = log.read_from_line(cursor, finished=True)
+        tail = b"tail" if cursor <= 6000 else b""
+        assert data[start:end] == b"".join(lines[cursor:]) + tail, cursor
+        assert nxt == 6001
+        start, end, nxt = log.read_from_line(cursor, finished=False)
+        assert data[start:end] == b"".join(lines[cursor:]), cursor
+        assert nxt == 6000
+    log.discard()

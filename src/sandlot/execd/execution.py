@@ -60,7 +60,7 @@ class Execution:
             return
         text = self._decoders[stream].decode(data)
         if text:
-            self.journal.append(sse.make_event(stream, text=text))
+            self.journal.append_json(sse.encode_output(stream, text))
 
     def finish(
         self, exit_code: int, *, error: str | None = None, ename: str = "CommandExecError"

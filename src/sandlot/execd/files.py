@@ -16,6 +16,7 @@ import pwd
 import re
 import shutil
 import stat
+import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -26,6 +27,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 
 from sandlot.errors import Forbidden, InvalidRequest, NotFound, SandlotError, Unsupported
+from sandlot.execd import memory
 from sandlot.execd.http import (
     JSON,
     bad_request,
@@ -117,6 +119,24 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
+@lru_cache(maxsize=4096)
+def _iso_second(sec: int) -> str | None:
+    if not 0 <= sec < 253402300800:  # years 1970..9999 only: others take datetime
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+
+
+def _iso_ns(ns: int) -> str:
+    """``_iso(ns / 1e9)`` (microseconds truncated), without a datetime per call: a listing
+    formats two per entry, and the files of a directory share few distinct seconds."""
+    sec, rem = divmod(ns, 1_000_000_000)
+    prefix = _iso_second(sec)
+    if prefix is None:
+        return _iso(ns / 1e9)
+    us = rem // 1000
+    return f"{prefix}.{us:06d}Z" if us else f"{prefix}Z"
+
+
 def entry_type(st_mode: int) -> str:
     if stat.S_ISLNK(st_mode):
         return "symlink"
@@ -133,8 +153,8 @@ def file_info(path: str, st: os.stat_result | None = None) -> dict[str, Any]:
         "path": path,
         "type": entry_type(st.st_mode),
         "size": st.st_size,
-        "modified_at": _iso(st.st_mtime),
-        "created_at": _iso(st.st_ctime),
+        "modified_at": _iso_ns(st.st_mtime_ns),
+        "created_at": _iso_ns(st.st_ctime_ns),
         "owner": user_name(st.st_uid),
         "group": group_name(st.st_gid),
         "mode": mode_digits(st.st_mode),
@@ -537,6 +557,8 @@ async def _chunks(path: str, start: int, end: int) -> AsyncIterator[bytes]:
             yield block
     finally:
         os.close(fd)
+        if end - start >= CHUNK:
+            memory.trim_soon()
 
 
 async def _lines(path: str, first: int, limit: int | None) -> AsyncIterator[bytes]:

@@ -7,6 +7,7 @@ score needs no privilege, so every child execd starts is raised, whatever execd'
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 # How much more the OOM killer should prefer execd's children than execd: nearly the whole range,
@@ -71,9 +72,30 @@ def prefer_for_oom(pid: int | None, adj: int | None = None) -> None:
             continue
 
 
+_child_adj: bytes | None = None
+
+
+def remember_child_adj() -> bytes:
+    """Read execd's score now (at start-up) so ``prefer_child`` need not, racing the child."""
+    global _child_adj
+    _child_adj = str(child_oom_score_adj()).encode()
+    return _child_adj
+
+
 def prefer_child(pid: int) -> None:
-    """Raise a just-started child (not yet forked further) above execd; best effort."""
+    """Raise a just-started child (not yet forked further) above execd; best effort.
+
+    execd's own score is read once (it does not change while execd runs): this is on the
+    path of every command.
+    """
+    adj = _child_adj if _child_adj is not None else remember_child_adj()
     try:
-        Path(f"/proc/{pid}/oom_score_adj").write_text(str(child_oom_score_adj()))
+        fd = os.open(f"/proc/{pid}/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.write(fd, adj)
     except OSError:
         pass
+    finally:
+        os.close(fd)

@@ -117,6 +117,34 @@ def encode_data(event: Mapping[str, Any]) -> str:
     return data
 
 
+_CONTROL = bytes(c for c in range(0x20) if c not in (0x09, 0x0A, 0x0D))
+_BREAKERS_UTF8 = tuple((ch.encode(), f"\\u{ord(ch):04x}".encode()) for ch in _LINE_BREAKERS)
+
+
+def encode_output(type_: str, text: str) -> bytes:
+    """The JSON line of a ``stdout``/``stderr`` event, as ``encode_data(make_event(type_,
+    text=text))`` decodes, built with byte replaces (~5x faster than the JSON encoder on the
+    megabyte texts of a fast stream). Text with control characters other than tab/CR/LF takes
+    the JSON encoder."""
+    try:
+        raw = text.encode()
+    except UnicodeEncodeError:  # lone surrogates: only \u escapes can carry them
+        return json.dumps(make_event(type_, text=text), separators=(",", ":")).encode()
+    if not raw or len(raw.translate(None, _CONTROL)) != len(raw):
+        return encode_data(make_event(type_, text=text)).encode()
+    raw = (
+        raw.replace(b"\\", b"\\\\")
+        .replace(b'"', b'\\"')
+        .replace(b"\n", b"\\n")
+        .replace(b"\r", b"\\r")
+        .replace(b"\t", b"\\t")
+    )
+    if not text.isascii():
+        for utf8, escaped in _BREAKERS_UTF8:
+            raw = raw.replace(utf8, escaped)
+    return b'{"type":"%s","timestamp":%d,"text":"%s"}' % (type_.encode(), now_ms(), raw)
+
+
 def encode(event: Mapping[str, Any] | str, event_id: int | str | None = None) -> bytes:
     """One SSE frame; ``event`` may be a dict or already-encoded JSON text."""
     data = event if isinstance(event, str) else encode_data(event)

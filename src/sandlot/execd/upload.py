@@ -18,6 +18,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
 from sandlot.errors import SandlotError
+from sandlot.execd import memory
 from sandlot.execd.files import apply_owner, os_error, parse_mode
 from sandlot.execd.http import bad_request
 
@@ -165,6 +166,7 @@ async def receive_upload(request: Request, resolve: Callable[[str], str]) -> int
     finally:
         if state.target is not None:
             state.target.abort()
+        memory.trim_soon()
     if state.files == 0:
         raise bad_request("upload contained no 'file' part")
     return state.files

@@ -11,16 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 log = logging.getLogger(__name__)
 
 Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
-_CHUNK = 64 * 1024
+_CHUNK = 256 * 1024
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Stream-based copy; used only for an upstream whose transport cannot be taken over."""
     try:
         while data := await reader.read(_CHUNK):
             writer.write(data)
@@ -35,6 +38,125 @@ async def _close(writer: asyncio.StreamWriter) -> None:
     writer.close()
     with contextlib.suppress(Exception):
         await writer.wait_closed()
+
+
+def _nodelay(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class _Relay(asyncio.Protocol):
+    """One direction's receiver: what ``own`` receives is written straight to ``peer``.
+
+    No stream buffers and no task switch per chunk (asyncio streams copied each chunk into
+    a buffer and out again and woke a task for it): a chunk read by the loop is handed to
+    the other socket in the same callback. Flow control: when ``own``'s write buffer fills
+    (the peer sends faster than this side takes), reading from ``peer`` pauses.
+    """
+
+    def __init__(self, done: asyncio.Future[None]) -> None:
+        self.own: asyncio.Transport | None = None
+        self.peer: asyncio.Transport | None = None
+        self.partner: _Relay | None = None
+        self.eof = False
+        self.done = done
+        self.early: list[bytes] = []  # received before the peer was connected
+        self.early_eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # Not isinstance(asyncio.Transport): uvloop's transports (the server's loop) are not.
+        self.own = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is None:
+            self.early.append(data)
+        else:
+            self.peer.write(data)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        if self.peer is None:
+            self.early_eof = True
+            return True
+        if self.peer.can_write_eof() and not self.peer.is_closing():
+            with contextlib.suppress(OSError, RuntimeError):
+                self.peer.write_eof()
+        if self.partner is not None and self.partner.eof:
+            self._finish()
+        return True  # half-closed: the other direction may still carry data
+
+    def pause_writing(self) -> None:
+        if self.peer is not None and not self.peer.is_closing():
+            self.peer.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and not self.peer.is_closing():
+            self.peer.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def start(self, peer: asyncio.Transport, partner: _Relay) -> None:
+        """Connect to ``peer``; forward anything received before."""
+        self.peer, self.partner = peer, partner
+        for data in self.early:
+            peer.write(data)
+        self.early.clear()
+        if self.early_eof:
+            self.eof_received()
+
+
+def _take_over(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, relay: _Relay) -> bool:
+    """Move a connected stream pair's transport onto ``relay`` (with whatever the reader had
+    buffered); False when the transport does not allow it."""
+    transport = cast(asyncio.Transport, writer.transport)
+    if not hasattr(transport, "set_protocol") or transport.is_closing():
+        return False
+    try:
+        transport.set_protocol(relay)
+    except (NotImplementedError, AttributeError):
+        return False
+    relay.connection_made(transport)
+    buffered = getattr(reader, "_buffer", None)
+    if buffered:
+        relay.early.append(bytes(buffered))
+        buffered.clear()
+    if reader.at_eof():
+        relay.early_eof = True
+        relay.eof = True
+    # The stream protocol may have paused reading while its buffer was full.
+    with contextlib.suppress(Exception):
+        transport.resume_reading()
+    return True
+
+
+class _Accepted(_Relay):
+    """The client side of a forwarded connection; its task connects the upstream."""
+
+    def __init__(self, forwarder: EndpointForwarder, sandbox_id: str, port: int) -> None:
+        super().__init__(asyncio.get_running_loop().create_future())
+        self.forwarder = forwarder
+        self.sandbox_id = sandbox_id
+        self.port = port
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert self.own is not None
+        self.own.pause_reading()  # until the upstream is connected
+        _nodelay(self.own)
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        # Cancelled by close_sandbox(): a normal end, not an error to report.
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.forwarder._serve(self.sandbox_id, self.port, self)
 
 
 class EndpointForwarder:
@@ -57,47 +179,54 @@ class EndpointForwarder:
             if key in self._ports:
                 return self._ports[key]
 
-            async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-                # Cancelled by close_sandbox(): a normal end, not an error to report.
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._serve(sandbox_id, port, r, w)
+            loop = asyncio.get_running_loop()
+
+            def factory() -> asyncio.Protocol:
+                return _Accepted(self, sandbox_id, port)
 
             server: asyncio.Server | None = None
             if preferred:
                 try:
-                    server = await asyncio.start_server(handle, self._bind_host, preferred)
+                    server = await loop.create_server(factory, self._bind_host, preferred)
                 except OSError:
                     log.warning("port %s for %s:%s is taken; using another", preferred, *key)
             if server is None:
-                server = await asyncio.start_server(handle, self._bind_host, 0)
+                server = await loop.create_server(factory, self._bind_host, 0)
             host_port = int(server.sockets[0].getsockname()[1])
             self._servers[key] = server
             self._ports[key] = host_port
             return host_port
 
-    async def _serve(
-        self,
-        sandbox_id: str,
-        port: int,
-        client_r: asyncio.StreamReader,
-        client_w: asyncio.StreamWriter,
-    ) -> None:
+    async def _serve(self, sandbox_id: str, port: int, client: _Accepted) -> None:
         task = asyncio.current_task()
         assert task is not None
         conns = self._conns.setdefault(sandbox_id, set())
         conns.add(task)  # type: ignore[arg-type]
+        client_t = client.own
+        assert client_t is not None
+        up_t: asyncio.Transport | None = None
         try:
             upstream = await self._connect_soon(sandbox_id, port)
             if upstream is None:
                 return
             up_r, up_w = upstream
-            try:
-                await asyncio.gather(_pipe(client_r, up_w), _pipe(up_r, client_w))
-            finally:
+            up_relay = _Relay(client.done)
+            if not _take_over(up_r, up_w, up_relay):
+                log.warning("endpoint %s:%s: upstream cannot be relayed", sandbox_id, port)
                 await _close(up_w)
+                return
+            up_t = up_relay.own
+            assert up_t is not None
+            _nodelay(up_t)
+            client.start(up_t, up_relay)
+            up_relay.start(client_t, client)
+            client_t.resume_reading()
+            await client.done
         finally:
             conns.discard(task)  # type: ignore[arg-type]
-            await _close(client_w)
+            if up_t is not None:
+                up_t.close()
+            client_t.close()
 
     async def _connect_soon(
         self, sandbox_id: str, port: int
