@@ -22,6 +22,7 @@ class Scale:
 
     create_serial: int
     create_concurrency: tuple[tuple[int, int], ...]  # (concurrent creates, rounds)
+    burst_pause: float  # seconds before each concurrent burst (the warm pool refills)
     command_runs: int
     first_byte_runs: int
     stream_bytes: int
@@ -43,7 +44,7 @@ class Scale:
 
 
 FULL = Scale(
-    create_serial=30, create_concurrency=((10, 3), (50, 1)), command_runs=200,
+    create_serial=30, create_concurrency=((10, 3), (50, 1)), burst_pause=4.0, command_runs=200,
     first_byte_runs=30, stream_bytes=256 << 20, stream_runs=3, small_file_runs=30,
     large_file_bytes=1 << 30, large_file_runs=2, dir_entries=10_000, dir_runs=5,
     code_runs=100, context_runs=8, plot_runs=10, density_steps=(10, 50, 100),
@@ -51,7 +52,7 @@ FULL = Scale(
     bench_timeout=300.0,
 )
 QUICK = Scale(
-    create_serial=3, create_concurrency=((2, 1), (3, 1)), command_runs=10,
+    create_serial=3, create_concurrency=((2, 1), (3, 1)), burst_pause=0.5, command_runs=10,
     first_byte_runs=3, stream_bytes=4 << 20, stream_runs=1, small_file_runs=3,
     large_file_bytes=16 << 20, large_file_runs=1, dir_entries=500, dir_runs=2,
     code_runs=5, context_runs=2, plot_runs=2, density_steps=(2, 4),

@@ -82,6 +82,8 @@ class SandlotServer:
     root: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Sized for the 10-concurrent create burst; reported with the create rows.
+    warm_pool_size: int = 10
 
     @property
     def data_dir(self) -> Path:
@@ -119,6 +121,7 @@ class SandlotServer:
         config.write_text(
             f'data_dir = "{self.data_dir}"\n\n[server]\nhost = "{self.host}"\nport = {self.port}\n'
             f'api_key = "{self.api_key}"\n\n[runtime]\ntype = "oci"\n'
+            f"warm_pool_size = {self.warm_pool_size}\n"
         )
         env = {**os.environ, **self.extra_env}
         env.pop("OPENSANDBOX_SERVER_API_KEY", None)

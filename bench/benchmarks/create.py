@@ -115,6 +115,8 @@ async def run(env: BenchEnv) -> list[Row]:
         failures: list[str] = []
         t_wall = time.perf_counter()
         for _ in range(rounds):
+            # Bursts on a warmed server: the pool refills (one start at a time) between them.
+            await asyncio.sleep(sc.burst_pause)
             results = await asyncio.gather(
                 *(asyncio.wait_for(boxes.create(), CREATE_TIMEOUT) for _ in range(level)),
                 return_exceptions=True,
@@ -128,7 +130,8 @@ async def run(env: BenchEnv) -> list[Row]:
             await boxes.delete_all()
         wall = time.perf_counter() - t_wall
         ok = attempts - len(failures)
-        note = f"{rounds} round(s) of {level}; wall {wall:.1f}s"
+        note = (f"{rounds} burst(s) of {level}, {sc.burst_pause:.0f}s apart; warm pool of "
+                f"{env.server.warm_pool_size}; wall {wall:.1f}s")
         if failures:
             note += f"; first failure: {failures[0]}"
         rows.append(Row(

@@ -56,6 +56,8 @@ async def _command(rt: OciRuntime, sid: str, token: str | None, command: str) ->
 async def test_claim_gives_a_working_sandbox(pooled: OciRuntime, rt_image: Image) -> None:
     rt = pooled
     cid, pool_token = _ready_token(rt, rt_image)
+    warm_cpu = cg.controller_dir(cid, "cpu")
+    assert warm_cpu and int((warm_cpu / "cpu.shares").read_text()) == 64  # idles at low weight
     await rt.create(SandboxSpec(
         "pooled1", rt_image, entrypoint=["sh", "-c", "echo $GREETING > /workspace/ep"],
         env={"GREETING": "hi there"}, execd_token="tok1", memory_bytes=256 << 20,
@@ -78,6 +80,7 @@ async def test_claim_gives_a_working_sandbox(pooled: OciRuntime, rt_image: Image
     if (mem / "memory.memsw.limit_in_bytes").exists():
         assert int((mem / "memory.memsw.limit_in_bytes").read_text()) == 256 << 20
     assert int((cpu / "cpu.cfs_quota_us").read_text()) == 50_000
+    assert int((cpu / "cpu.shares").read_text()) == 1024  # a claimed sandbox gets full weight
     assert (pids / "pids.max").read_text().strip() == "123"
 
     ep = rt.paths("pooled1").upper / "workspace" / "ep"

@@ -29,6 +29,13 @@ def _write(path: Path, value: str) -> None:
         fh.write(value)
 
 
+# CPU weight of a warm (unclaimed) container against the default: low enough that starting
+# and idling it barely slows sandboxes in use, high enough that it still starts under load.
+WARM_CPU_SHARES = 64
+DEFAULT_CPU_SHARES = 1024  # cgroup v1 default
+DEFAULT_CPU_WEIGHT = 100  # cgroup v2 default
+
+
 def apply_limits(
     container_id: str,
     *,
@@ -41,6 +48,7 @@ def apply_limits(
     quota = None if cpu_cores is None else max(1000, int(cpu_cores * CPU_PERIOD_US))
     if cgroups.is_unified_only():
         d = _ROOT / cgroups.PARENT / container_id
+        _write(d / "cpu.weight", str(DEFAULT_CPU_WEIGHT))
         if memory_bytes is not None:
             _write(d / "memory.max", str(memory_bytes))
             if swap_limit and (d / "memory.swap.max").exists():
@@ -55,8 +63,9 @@ def apply_limits(
         _write(mem / "memory.limit_in_bytes", str(memory_bytes))
         if swap_limit and (mem / "memory.memsw.limit_in_bytes").exists():
             _write(mem / "memory.memsw.limit_in_bytes", str(memory_bytes))
+    cpu = _need(container_id, "cpu")
+    _write(cpu / "cpu.shares", str(DEFAULT_CPU_SHARES))  # warm containers start low
     if quota is not None:
-        cpu = _need(container_id, "cpu")
         _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
         _write(cpu / "cpu.cfs_quota_us", str(quota))
     _write(_need(container_id, "pids") / "pids.max", str(pids))

@@ -29,6 +29,7 @@ from sandlot.images.model import Image
 log = logging.getLogger(__name__)
 
 POOL_PREFIX = "_pool-"
+REFILL_DELAY = 0.25  # seconds between a claim and the refill it triggers
 CLAIM_PATH = "/_sandlot/claim"
 READY_TIMEOUT = 30.0
 # Consecutive failed warm creates after which a fill gives up until the next prewarm/claim.
@@ -158,8 +159,10 @@ class WarmPool:
         self._discard = discard
         self._images: dict[str, Image] = {}
         self._ready: dict[str, list[Warm]] = {}
-        self._fills: dict[str, asyncio.Task[None]] = {}
-        self._creates = asyncio.Semaphore(max(1, parallel))
+        self._parallel = max(1, parallel)
+        self._fills: dict[str, list[asyncio.Task[None]]] = {}
+        self._making: dict[str, int] = {}  # warm containers of each image being started
+        self._creates = asyncio.Semaphore(self._parallel)
         self._changed = asyncio.Condition()
         self._bg: set[asyncio.Task[Any]] = set()
 
@@ -185,7 +188,7 @@ class WarmPool:
         for i, w in enumerate(ready):
             if w.image_id == image.id:
                 del ready[i]
-                self._kick(image.name)
+                self._kick_soon(image.name)
                 return w
         if image.name in self._images:
             self._kick(image.name)
@@ -207,15 +210,25 @@ class WarmPool:
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
 
+    def _kick_soon(self, name: str) -> None:
+        """Refill a moment after a claim, not during it: starting a container forks this
+        (large) process and runs runc, which would slow the claim and its first requests."""
+        asyncio.get_running_loop().call_later(REFILL_DELAY, self._kick, name)
+
     def _kick(self, name: str) -> None:
-        task = self._fills.get(name)
-        if task is None or task.done():
-            self._fills[name] = asyncio.get_running_loop().create_task(self._fill(name))
+        """Run up to ``parallel`` fill workers for ``name`` (a refill is mostly waiting)."""
+        tasks = [t for t in self._fills.get(name, []) if not t.done()]
+        loop = asyncio.get_running_loop()
+        while len(tasks) < self._parallel:
+            tasks.append(loop.create_task(self._fill(name)))
+        self._fills[name] = tasks
 
     async def _fill(self, name: str) -> None:
         failures = 0
-        while self.ready_count(name) < self.size and failures < MAX_FAILURES:
+        while (self.ready_count(name) + self._making.get(name, 0) < self.size
+               and failures < MAX_FAILURES):
             image = self._images[name]
+            self._making[name] = self._making.get(name, 0) + 1
             try:
                 async with self._creates:
                     warm = await self._make_uninterrupted(image)
@@ -227,6 +240,8 @@ class WarmPool:
                             MAX_FAILURES, exc_info=True)
                 await asyncio.sleep(0.5 * failures)
                 continue
+            finally:
+                self._making[name] -= 1
             failures = 0
             if self._images.get(name) is not image:  # re-pointed while we built it
                 await self._discard(warm.container_id)
@@ -252,7 +267,7 @@ class WarmPool:
 
     async def stop(self) -> list[str]:
         """Stop filling; returns the ready containers' ids (the caller deletes or keeps them)."""
-        tasks = [*self._fills.values(), *self._bg]
+        tasks = [*(t for ts in self._fills.values() for t in ts), *self._bg]
         for t in tasks:
             t.cancel()
         for t in tasks:

@@ -181,6 +181,11 @@ class OciRuntime:
         if pooled:
             args = config["process"]["args"]
             args.insert(args.index("sandlot.execd") + 1, "--pooled")
+            # A warm container starts (and idles) in the background: it yields the CPU to
+            # sandboxes in use; the claim restores the normal weight.
+            config["linux"].setdefault("resources", {}).setdefault("cpu", {})["shares"] = (
+                claimops.WARM_CPU_SHARES
+            )
         p.config_json.write_text(json.dumps(config, indent=1))
         await self.runc.run_detached(spec.sandbox_id, p.bundle, p.container_log, p.runc_log)
 
