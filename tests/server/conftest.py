@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,15 +14,10 @@ import uvicorn
 
 from sandlot.config import Config
 from sandlot.server.app import create_app
+from tests.conftest import free_port
 from tests.server.fakes import FakeImages, FakeRuntime
 
 API_KEY = "test-key-123"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Harness:
