@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -90,9 +91,10 @@ async def test_failed_smoke_test_leaves_nothing(base_image: Image, tmp_path: Pat
         created=None,
         source="test",
     )
+    marker = f"orphan-{uuid.uuid4().hex}"  # unique, so no other process on the host matches
     recipe = tmp_path / "broken.toml"
     recipe.write_text(
-        'name = "broken"\nfrom = "base"\nrun = ["sleep 300 &"]\n'
+        f'name = "broken"\nfrom = "base"\nrun = ["sh -c \'sleep 300; : {marker}\' &"]\n'
         'smoke_test = ["echo checking; exit 3"]\n'
     )
     with pytest.raises(ImageBuildError, match="exit 3"):
@@ -101,7 +103,7 @@ async def test_failed_smoke_test_leaves_nothing(base_image: Image, tmp_path: Pat
     assert os.listdir(store.root / "tmp") == []
     assert _no_mounts_below(store.root)
     # The background `sleep 300` died with the build's PID namespace.
-    ps = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True)
+    ps = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
     assert ps.stdout.strip() == ""
 
 
