@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from sandlot.execd import oomscore
-from sandlot.execd.code import oom
 from sandlot.runtime.oci import spec as ocispec
 from tests.runtime.test_spec import _config
 
@@ -25,7 +24,7 @@ def _adj(pid: int) -> int:
 def test_kernel_adj_is_execd_plus_preference(monkeypatch: pytest.MonkeyPatch) -> None:
     for own, want in ((-999, 0), (0, 999), (-500, 499), (500, 1000)):
         monkeypatch.setattr(oomscore, "_read_adj", lambda _pid, own=own: own)
-        assert oom.kernel_oom_score_adj() == want
+        assert oomscore.child_oom_score_adj() == want
 
 
 def test_prefer_for_oom_covers_descendants() -> None:
@@ -37,9 +36,9 @@ def test_prefer_for_oom_covers_descendants() -> None:
             time.sleep(0.05)
         kids = oomscore._children().get(proc.pid, [])
         assert len(kids) == 2
-        oom.prefer_for_oom(proc.pid, adj=700)
+        oomscore.prefer_for_oom(proc.pid, adj=700)
         assert [_adj(p) for p in (proc.pid, *kids)] == [700, 700, 700]
-        oom.prefer_for_oom(proc.pid, adj=300)  # never lowered (that would need privilege)
+        oomscore.prefer_for_oom(proc.pid, adj=300)  # never lowered (that would need privilege)
         assert _adj(proc.pid) == 700
     finally:
         for kid in kids:

@@ -9,32 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# Kernels are preferred OOM victims like every child of execd (see sandlot.execd.oomscore).
-from sandlot.execd.oomscore import child_oom_score_adj as kernel_oom_score_adj
-from sandlot.execd.oomscore import prefer_for_oom
-
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+from sandlot.execd.metrics import CgroupPaths
 
 
 def memory_cgroup(pid: int) -> Path | None:
-    """The directory of ``pid``'s memory cgroup (v1 ``memory`` controller or the v2 tree)."""
-    try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    v2: Path | None = None
-    for line in lines:
-        _, controllers, rel = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            path = CGROUP_ROOT / "memory" / rel.lstrip("/")
-            return path if path.is_dir() else None
-        if controllers == "":
-            candidate = CGROUP_ROOT / rel.lstrip("/")
-            unified = CGROUP_ROOT / "unified" / rel.lstrip("/")
-            for c in (candidate, unified):
-                if (c / "memory.events").exists():
-                    v2 = c
-    return v2
+    """The directory of ``pid``'s memory cgroup (v1 ``memory`` controller or the v2 tree),
+    found the same way execd's metrics find their own."""
+    paths = CgroupPaths.discover(f"/proc/{pid}/cgroup")
+    found = paths.memory or paths.v2
+    return Path(found) if found else None
 
 
 def oom_kills(cgroup: Path | None) -> int | None:
@@ -75,5 +58,3 @@ OOM_MESSAGE = (
     "The context was reset: the next run starts in a fresh kernel, so earlier variables and "
     "imports are gone."
 )
-
-__all__ = ["OOM_MESSAGE", "OomWatch", "kernel_oom_score_adj", "prefer_for_oom"]

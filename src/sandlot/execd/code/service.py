@@ -15,13 +15,14 @@ from starlette.routing import BaseRoute
 
 from sandlot.errors import InvalidRequest, NotFound, RuntimeFailure
 
+from ..oomscore import prefer_for_oom
 from .catalog import KernelCatalog, LanguageSpec, canonical
 from .context import CodeContext
 from .events import Event, EventShaper, error_event, event
 from .kernels.base import Kernel, KernelDied, Output, describe_exit
 from .kernels.jupyter import JupyterKernel
 from .kernels.node import NodeKernel
-from .oom import OOM_MESSAGE, OomWatch, prefer_for_oom
+from .oom import OOM_MESSAGE, OomWatch
 from .pool import WarmPool
 from .readiness import open_ready_port
 from .settings import CodeSettings
