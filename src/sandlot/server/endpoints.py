@@ -19,19 +19,6 @@ log = logging.getLogger(__name__)
 
 Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
-_CHUNK = 256 * 1024
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Stream-based copy; used only for an upstream whose transport cannot be taken over."""
-    try:
-        while data := await reader.read(_CHUNK):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except (ConnectionError, OSError):
-        pass
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
