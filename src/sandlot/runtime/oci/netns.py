@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sandlot.errors import RuntimeFailure
+from sandlot.runtime.hosttools import run_tool
 
 NETNS_DIR = Path("/run/netns")
 CLONE_NEWNET = 0x40000000
@@ -25,13 +26,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 async def _ip(*args: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        "ip", *args, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeFailure(f"ip {' '.join(args)} failed: {err.decode(errors='replace').strip()}")
+    res = await run_tool(["ip", *args])
+    if not res.ok:
+        msg = res.stderr.decode(errors="replace").strip()
+        raise RuntimeFailure(f"ip {' '.join(args)} failed: {msg}")
 
 
 def netns_path(name: str) -> Path:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 from sandlot.errors import RuntimeFailure
+from sandlot.runtime.hosttools import run_tool
 
 
 class RuncError(RuntimeFailure):
@@ -23,15 +23,11 @@ class Runc:
         pre = ["--root", str(self.root)]
         if log is not None:
             pre += ["--log", str(log), "--log-format", "json"]
-        proc = await asyncio.create_subprocess_exec(
-            self.binary, *pre, *args, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await proc.communicate()
-        if check and proc.returncode != 0:
-            msg = err.decode(errors="replace").strip()
+        res = await run_tool([self.binary, *pre, *args])
+        if check and not res.ok:
+            msg = res.stderr.decode(errors="replace").strip()
             raise RuncError(f"{self.binary} {args[0]} failed: {msg}")
-        return out.decode()
+        return res.stdout.decode()
 
     async def run_detached(self, container_id: str, bundle: Path, stdio: Path, log: Path) -> None:
         """``run --detach``: create and start in one call.
@@ -40,27 +36,21 @@ class Runc:
         runc returns as soon as the init process runs.
         """
         with open(stdio, "ab") as out:
-            proc = await asyncio.create_subprocess_exec(
-                self.binary, "--root", str(self.root), "--log", str(log), "--log-format", "json",
-                "run", "--detach", "--bundle", str(bundle), container_id,
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+            res = await run_tool(
+                [self.binary, "--root", str(self.root), "--log", str(log), "--log-format", "json",
+                 "run", "--detach", "--bundle", str(bundle), container_id],
+                output=out,
             )
-            rc = await proc.wait()
-        if rc != 0:
+        if not res.ok:
             raise RuncError(f"{self.binary} run failed: {last_error(log) or stdio_tail(stdio)}")
 
     async def state(self, container_id: str) -> dict[str, Any] | None:
         if not (self.root / container_id).is_dir():
             return None
-        proc = await asyncio.create_subprocess_exec(
-            self.binary, "--root", str(self.root), "state", container_id,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, _ = await proc.communicate()
-        if proc.returncode != 0:
+        res = await run_tool([self.binary, "--root", str(self.root), "state", container_id])
+        if not res.ok:
             return None
-        result: dict[str, Any] = json.loads(out)
+        result: dict[str, Any] = json.loads(res.stdout)
         return result
 
     async def pause(self, container_id: str) -> None:
