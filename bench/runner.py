@@ -146,6 +146,7 @@ async def _run_all(env: BenchEnv, opts: Options, report: RunReport, console: Con
                            deadline - time.monotonic())
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+        await env.sandboxes.aclose()
 
 
 def _describe_host(opts: Options) -> dict[str, object]:

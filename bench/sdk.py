@@ -1,5 +1,11 @@
 """Sandboxes through the released ``opensandbox`` SDK, every one tracked for cleanup.
 
+All sandboxes share one HTTP transport, built the way the SDK builds its own (retries
+included): left to itself the SDK makes a transport per ``Sandbox.create``, and httpx loads
+the CA bundle into a new SSL context for each (~20 ms of client CPU on the 2-core VM), which
+would be charged to the server's create latency. ``per_sandbox_transport=True`` measures that
+default too.
+
 Each sandbox is created with metadata ``sandlot-bench=<run id>``; ``sweep`` lists the server
 and deletes whatever is left (interrupted creates included), so no run leaves a sandbox behind.
 """
@@ -28,19 +34,34 @@ class Sandboxes:
         self.server = server
         self.run_id = run_id
         self.live: dict[str, Sandbox] = {}
+        self._transport: httpx.AsyncBaseTransport | None = None
 
-    def config(self, *, proxy: bool = False) -> ConnectionConfig:
-        return ConnectionConfig(
+    def config(self, *, proxy: bool = False, shared: bool = True) -> ConnectionConfig:
+        fields: dict[str, Any] = dict(
             domain=self.server.domain, api_key=self.server.api_key, use_server_proxy=proxy,
             disable_metrics=True, request_timeout=timedelta(seconds=300),
         )
+        if shared:
+            if self._transport is None:
+                self._transport = ConnectionConfig(**fields).new_owned_transport()
+            fields["transport"] = self._transport
+        return ConnectionConfig(**fields)
+
+    async def aclose(self) -> None:
+        """Close the shared transport (at the end of the run's event loop)."""
+        if self._transport is not None:
+            transport, self._transport = self._transport, None
+            with contextlib.suppress(Exception):
+                await transport.aclose()
 
     async def create(self, image: str = "base", *, ready_timeout: float = 60.0,
-                     proxy: bool = False, **kwargs: Any) -> tuple[Sandbox, float]:
+                     proxy: bool = False, per_sandbox_transport: bool = False,
+                     **kwargs: Any) -> tuple[Sandbox, float]:
         """Create and wait until execd answers ``/ping``; (sandbox, seconds)."""
+        config = self.config(proxy=proxy, shared=not per_sandbox_transport)
         t0 = time.perf_counter()
         sandbox = await Sandbox.create(
-            image, connection_config=self.config(proxy=proxy), timeout=LIFETIME,
+            image, connection_config=config, timeout=LIFETIME,
             ready_timeout=timedelta(seconds=ready_timeout), health_check_polling_interval=POLL,
             metadata={METADATA_KEY: self.run_id}, **kwargs,
         )

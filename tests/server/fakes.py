@@ -120,13 +120,14 @@ class FakeRuntime:
     async def prewarm(self, image: Image) -> None:
         self.prewarmed.append(image.name)
 
-    async def create(self, spec: SandboxSpec) -> None:
+    async def create(self, spec: SandboxSpec) -> bool:
         if self.fail_create:
             raise RuntimeFailure(self.fail_create)
         self.created.append(spec)
         c = FakeContainer(spec, self.execd_socket(spec.sandbox_id))
         self.containers[spec.sandbox_id] = c
         await c.start()
+        return False  # the service waits for the fake execd's /ping
 
     async def delete(self, sandbox_id: str) -> None:
         if self.fail_deletes > 0:

@@ -49,10 +49,12 @@ class Runtime(Protocol):
 
     name: str
 
-    async def create(self, spec: SandboxSpec) -> None:
+    async def create(self, spec: SandboxSpec) -> bool:
         """Create and start the sandbox; returns once its init process runs.
 
-        Raises ``RuntimeFailure`` if it cannot start; leaves nothing behind in that case.
+        Returns True when execd is known to answer already (a warm container whose execd
+        accepted the claim), so the caller can skip waiting for ``/ping``. Raises
+        ``RuntimeFailure`` if it cannot start; leaves nothing behind in that case.
         """
 
     async def delete(self, sandbox_id: str) -> None:

@@ -256,11 +256,14 @@ class SandboxService:
                 pids_limit=self.cfg.runtime.pids_limit,
                 execd_token=rec.execd_token,
             )
-            await self._set(rec, SandboxState.PENDING, "Starting", "starting the container")
-            await self.runtime.create(spec)
-            await wait_for_execd(
-                self.runtime.execd_socket(rec.id), rec.execd_token, EXECD_READY_TIMEOUT
-            )
+            # In memory only: a crash now leaves the stored Pending record, which restart
+            # reconciliation resolves either way; one store write less per create.
+            rec.transition(SandboxState.PENDING, "Starting", "starting the container")
+            execd_answered = await self.runtime.create(spec)
+            if not execd_answered:
+                await wait_for_execd(
+                    self.runtime.execd_socket(rec.id), rec.execd_token, EXECD_READY_TIMEOUT
+                )
         except asyncio.CancelledError:
             raise
         except SandlotError as exc:

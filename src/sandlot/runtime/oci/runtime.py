@@ -141,7 +141,7 @@ class OciRuntime:
 
     # -- create -------------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec) -> None:
+    async def create(self, spec: SandboxSpec) -> bool:
         _check_id(spec.sandbox_id)
         async with self._locks[spec.sandbox_id]:
             p = SandboxPaths.of(self.data_dir, spec.sandbox_id)
@@ -150,7 +150,7 @@ class OciRuntime:
                 raise Conflict(f"sandbox {spec.sandbox_id} already exists")
             warm = self.pool.take(spec.image)
             if warm is not None and await self._claim(spec, warm):
-                return
+                return True  # its execd has just answered the claim
             try:
                 await self._create(spec, p)
             except BaseException as exc:
@@ -161,6 +161,7 @@ class OciRuntime:
                 if isinstance(exc, Exception):
                     raise RuntimeFailure(f"cannot start sandbox {spec.sandbox_id}: {exc}") from exc
                 raise
+            return False
 
     async def _create(self, spec: SandboxSpec, p: SandboxPaths, pooled: bool = False) -> None:
         for d in (p.rootfs, p.upper, p.work, p.run_dir, p.etc):

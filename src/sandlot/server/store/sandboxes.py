@@ -9,6 +9,7 @@ replaced before they reach the database.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -85,15 +86,35 @@ def _record(row: Any) -> SandboxRecord:
     )
 
 
+_UPSERTS: dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], Any] = {}
+
+
+def _upsert_statement(dialect: str, table: Table, keys: tuple[str, ...],
+                      columns: tuple[str, ...]) -> Any:
+    """``INSERT ... ON CONFLICT (keys) DO UPDATE``, built once per table and column set.
+
+    Values are bound at execution, so the statement (and SQLAlchemy's compiled form of it)
+    is reused instead of being rebuilt and re-keyed on every write.
+    """
+    cache_key = (dialect, table.name, keys, columns)
+    stmt = _UPSERTS.get(cache_key)
+    if stmt is None:
+        insert = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+        stmt = insert.on_conflict_do_update(
+            index_elements=list(keys), set_={c: insert.excluded[c] for c in columns}
+        )
+        _UPSERTS[cache_key] = stmt
+    return stmt
+
+
 async def _upsert(
     conn: AsyncConnection, table: Table, keys: dict[str, Any], values: dict[str, Any]
 ) -> None:
     """Insert the row ``keys`` + ``values``, or update ``values`` where ``keys`` exists."""
     dialect = conn.dialect.name
     if dialect in ("postgresql", "sqlite"):
-        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-        stmt = insert(table).values(**keys, **values)
-        await conn.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_=values))
+        stmt = _upsert_statement(dialect, table, tuple(keys), tuple(values))
+        await conn.execute(stmt, {**keys, **values})
         return
     # Other databases: not atomic against a concurrent insert of the same row.
     where = [table.c[k] == v for k, v in keys.items()]
@@ -102,16 +123,81 @@ async def _upsert(
         await conn.execute(table.insert().values(**keys, **values))
 
 
+Write = Callable[[AsyncConnection], Awaitable[None]]
+
+
+class _GroupCommit:
+    """Runs writes in order, committing the ones that queue up meanwhile together.
+
+    A burst of creates makes several writes each; one transaction for all that are waiting
+    costs one commit and one trip to the database thread instead of one per write. A batch
+    that fails is retried one write per transaction, so each caller gets its own outcome.
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._queue: list[tuple[Write, asyncio.Future[None]]] = []
+        self._drainer: asyncio.Task[None] | None = None
+
+    async def run(self, write: Write) -> None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._queue.append((write, fut))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = loop.create_task(self._drain())
+        # Shielded: a caller that gives up does not take the write back.
+        await asyncio.shield(fut)
+
+    async def _drain(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                await self._commit([w for w, _ in batch])
+            except Exception as exc:  # noqa: BLE001 - handed to the callers below
+                if len(batch) == 1:
+                    _settle(batch[0][1], exc)
+                    continue
+                for write, fut in batch:
+                    try:
+                        await self._commit([write])
+                    except Exception as one:  # noqa: BLE001
+                        _settle(fut, one)
+                    else:
+                        _settle(fut, None)
+            else:
+                for _, fut in batch:
+                    _settle(fut, None)
+
+    async def _commit(self, writes: list[Write]) -> None:
+        async with self._engine.begin() as conn:
+            for write in writes:
+                await write(conn)
+
+    async def flush(self) -> None:
+        if self._drainer is not None:
+            await asyncio.gather(self._drainer, return_exceptions=True)
+
+
+def _settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(exc)
+
+
 class SandboxStore:
     """Write-through persistence; the service keeps the live copy in memory.
 
-    Writes are serialised by one lock: SQLite allows a single writer, and ordering writes
-    per process keeps the last state written equal to the last state decided.
+    Writes go through one ordered queue (group-committed): SQLite allows a single writer,
+    and ordering writes per process keeps the last state written equal to the last state
+    decided.
     """
 
     def __init__(self, engine: AsyncEngine):
         self._engine = engine
-        self._write = asyncio.Lock()
+        self._writes = _GroupCommit(engine)
 
     @classmethod
     async def open(cls, url: str) -> SandboxStore:
@@ -138,6 +224,7 @@ class SandboxStore:
         return cls(engine)
 
     async def close(self) -> None:
+        await self._writes.flush()
         await self._engine.dispose()
 
     async def load_all(self) -> list[SandboxRecord]:
@@ -146,17 +233,22 @@ class SandboxStore:
         return [_record(r) for r in rows]
 
     async def save(self, rec: SandboxRecord) -> None:
-        values = _row_values(rec)
+        values = _row_values(rec)  # taken now: the record may change before the commit
         key = {"id": values.pop("id")}
-        async with self._write, self._engine.begin() as conn:
+
+        async def write(conn: AsyncConnection) -> None:
             await _upsert(conn, tables.sandboxes, key, values)
 
+        await self._writes.run(write)
+
     async def delete(self, sandbox_id: str) -> None:
-        async with self._write, self._engine.begin() as conn:
+        async def write(conn: AsyncConnection) -> None:
             await conn.execute(delete(tables.sandboxes).where(tables.sandboxes.c.id == sandbox_id))
             await conn.execute(
                 delete(tables.endpoints).where(tables.endpoints.c.sandbox_id == sandbox_id)
             )
+
+        await self._writes.run(write)
 
     async def endpoint_ports(self) -> dict[tuple[str, int], int]:
         async with self._engine.connect() as conn:
@@ -165,5 +257,8 @@ class SandboxStore:
 
     async def save_endpoint(self, sandbox_id: str, port: int, host_port: int) -> None:
         key = {"sandbox_id": sandbox_id, "port": port}
-        async with self._write, self._engine.begin() as conn:
+
+        async def write(conn: AsyncConnection) -> None:
             await _upsert(conn, tables.endpoints, key, {"host_port": host_port})
+
+        await self._writes.run(write)
