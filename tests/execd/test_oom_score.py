@@ -15,11 +15,16 @@ def _adj(pid: int | str) -> int:
 def test_commands_and_their_children_score_above_execd(execd: Execd) -> None:
     own = _adj(execd.proc.pid)
     with execd.client() as c:
-        # The command reports its own score and that of a process it forks.
-        r = c.post(
-            "/command",
-            json={"command": "cat /proc/self/oom_score_adj; sh -c 'cat /proc/self/oom_score_adj'"},
+        # The command reports its own score and that of a process it forks. execd raises the
+        # command right after the (v)fork; a process the command forks in the first moments
+        # would inherit execd's own score (a known, harmless race: see oomscore), so the
+        # command waits until its own score was raised before forking.
+        script = (
+            f"for i in $(seq 200); do [ \"$(cat /proc/$$/oom_score_adj)\" != {own} ] && break; "
+            "sleep 0.01; done; "
+            "cat /proc/$$/oom_score_adj; sh -c 'cat /proc/self/oom_score_adj'"
         )
+        r = c.post("/command", json={"command": script})
         assert r.status_code == 200
     lines = [
         json.loads(line[5:])["text"]

@@ -232,3 +232,72 @@ def test_output_log_cursor_with_any_chunking(tmp_path: Path) -> None:
         assert data[start:end] == b"".join(lines[cursor:]), cursor
         assert nxt == 6000
     log.discard()
+
+
+async def test_journal_follow_sends_keepalives_while_silent(tmp_path: Path) -> None:
+    j = EventJournal(str(tmp_path / "j"))
+    j.append(sse.stdout_event("first"))
+
+    async def late() -> None:
+        await asyncio.sleep(0.35)
+        j.append(sse.stdout_event("late"))
+        j.close()
+
+    writer = asyncio.create_task(late())
+    got = [chunk async for chunk in j.follow(0, keepalive=0.1)]
+    await writer
+    assert b'"first"' in got[0] and b'"late"' in got[-1]
+    assert 2 <= got.count(sse.KEEPALIVE) <= 4
+    # without keepalive: only events
+    assert sse.KEEPALIVE not in [chunk async for chunk in j.follow(0)]
+    j.discard()
+
+
+async def _asgi_stream(
+    response: object, disconnect_after: float | None
+) -> tuple[list[dict], bool]:
+    """Run an SSE response as uvicorn would; returns the messages sent and if receive ended."""
+    sent: list[dict] = []
+    gone = asyncio.Event()
+
+    async def receive() -> dict:
+        if disconnect_after is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(disconnect_after or 0)
+        gone.set()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"spec_version": "2.3"}}
+    await asyncio.wait_for(response(scope, receive, send), 5)  # type: ignore[operator]
+    return sent, gone.is_set()
+
+
+async def test_self_ending_stream_sends_the_source_and_ends() -> None:
+    async def frames() -> AsyncIterator[bytes]:
+        yield b"a"
+        yield b"b"
+
+    sent, _ = await _asgi_stream(sse.self_ending_sse_response(frames()), None)
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert (b"content-type", b"text/event-stream; charset=utf-8") in sent[0]["headers"]
+    assert [m["body"] for m in sent[1:]] == [b"a", b"b", b""]
+    assert sent[-1]["more_body"] is False
+
+
+async def test_self_ending_stream_stops_and_closes_its_source_when_the_client_goes() -> None:
+    closed = asyncio.Event()
+
+    async def endless() -> AsyncIterator[bytes]:
+        try:
+            while True:
+                yield sse.KEEPALIVE
+                await asyncio.sleep(0.05)
+        finally:
+            closed.set()
+
+    sent, gone = await _asgi_stream(sse.self_ending_sse_response(endless()), 0.2)
+    assert gone and closed.is_set()
+    assert 2 <= len(sent) - 1 <= 8  # stopped at the chunk after the disconnect

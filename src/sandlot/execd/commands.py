@@ -266,8 +266,8 @@ class CommandService:
     # streaming -----------------------------------------------------------------------
     def stream(self, ex: Execution, last_event_id: str | None = None) -> StreamingResponse:
         start = ex.journal.resume_offset(last_event_id)
-        return sse.sse_response(
-            ex.journal.follow(start), keepalive_interval=self.settings.keepalive_interval
+        return sse.self_ending_sse_response(
+            ex.journal.follow(start, keepalive=self.settings.keepalive_interval or None)
         )
 
     # routes --------------------------------------------------------------------------
@@ -294,7 +294,7 @@ class CommandService:
                 sse.encode(sse.init_event(ex.id), event_id=0),
                 sse.encode(sse.complete_event(0, background=True)),
             ]
-            return sse.sse_response(_iterate(frames), keepalive_interval=None)
+            return sse.self_ending_sse_response(_iterate(frames))
         return self.stream(ex)
 
     async def interrupt_route(self, request: Request) -> Response:

@@ -40,22 +40,32 @@ class _Signal:
     """Wakes every current waiter; cheaper than a Condition for one producer."""
 
     def __init__(self) -> None:
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[asyncio.Future[bool]] = []
 
     def fire(self) -> None:
         waiters, self._waiters = self._waiters, []
         for w in waiters:
             if not w.done():
-                w.set_result(None)
+                w.set_result(True)
 
-    async def wait(self) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the next ``fire``; False when ``timeout`` seconds passed first."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
         self._waiters.append(fut)
+        timer = None if timeout is None else loop.call_later(timeout, _time_out, fut)
         try:
-            await fut
+            return await fut
         finally:
+            if timer is not None:
+                timer.cancel()
             if fut in self._waiters:
                 self._waiters.remove(fut)
+
+
+def _time_out(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)
 
 
 class EventJournal:
@@ -130,8 +140,12 @@ class EventJournal:
             os.close(fd)
         return self.size
 
-    async def follow(self, start: int = 0) -> AsyncIterator[bytes]:
-        """SSE frames from ``start`` on, waiting for new events until the journal closes."""
+    async def follow(self, start: int = 0, keepalive: float | None = None) -> AsyncIterator[bytes]:
+        """SSE frames from ``start`` on, waiting for new events until the journal closes; with
+        ``keepalive``, ``sse.KEEPALIVE`` after every ``keepalive`` seconds without events.
+
+        Keep-alives come from here rather than from ``sse.with_keepalive`` (a task per frame,
+        most of the event plumbing of a short command)."""
         try:
             fd = self._open_reader()
         except OSError:
@@ -163,7 +177,8 @@ class EventJournal:
                     continue
                 if self.closed:
                     return
-                await self._signal.wait()
+                if not await self._signal.wait(keepalive):
+                    yield sse.KEEPALIVE
         finally:
             os.close(fd)
 

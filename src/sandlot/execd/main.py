@@ -174,6 +174,7 @@ async def _serve(
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=1,
+        ws=_websocket_protocol,
         ws_ping_interval=30,
         server_header=False,
     )
@@ -236,6 +237,19 @@ async def _start_entrypoint(
         os.write(out, f"execd: cannot start entrypoint {argv[0]}: {exc}\n".encode())
     finally:
         os.close(out)
+
+
+def _websocket_protocol(**kwargs: Any) -> Any:
+    """uvicorn's WebSocket protocol (what ``ws="auto"`` picks), imported on the first upgrade.
+
+    Only the PTY attach route speaks WebSocket; importing the protocol (the websockets
+    package, importlib.metadata) at start-up would cost every sandbox ~10 ms and ~1 MB.
+    """
+    from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
+
+    if AutoWebSocketsProtocol is None:  # pragma: no cover - the bundle ships websockets
+        raise RuntimeError("execd: no WebSocket library (websockets or wsproto) is installed")
+    return AutoWebSocketsProtocol(**kwargs)
 
 
 def _quiet_server(base: Any) -> Any:

@@ -3,6 +3,11 @@
 execd is PID 1 of a sandbox; if the OOM killer picked it (it picks the largest process among
 equals, and execd is often larger than a small worker), the whole sandbox would go. Raising a
 score needs no privilege, so every child execd starts is raised, whatever execd's own value.
+
+The raise happens right after the (v)fork, not in the child before it execs (that would need a
+``preexec_fn``, which rules out vfork). A process the child forks in its first moments keeps
+execd's own score; that is harmless: the OOM killer still picks every raised process first,
+and between equals the larger, which is not execd when the workload is the one using memory.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 KEEPALIVE: bytes = b": keep-alive\n\n"
 MEDIA_TYPE = "text/event-stream"
@@ -192,6 +193,56 @@ async def with_keepalive(
             await aclose()
 
 
+class _SelfEndingStream(StreamingResponse):
+    """A ``text/event-stream`` of a source that ends by itself and is never silent for long
+    (a journal follower sending its own keep-alives, or a fixed list of frames).
+
+    Starlette's ``StreamingResponse`` watches for the client's disconnect in an anyio task
+    group, which (with the anyio backend it imports) costs more than the rest of a short
+    command's request. Here one plain task notices the disconnect, and the stream stops at
+    its next chunk; the source closes (``aclose``) either way.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        gone = asyncio.ensure_future(_disconnected(receive))
+        iterator = self.body_iterator
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            async for chunk in iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if gone.done():
+                    return
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            gone.cancel()
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def self_ending_sse_response(source: AsyncIterable[bytes]) -> StreamingResponse:
+    """A ``text/event-stream`` response for a source that needs no keep-alive wrapper and ends
+    by itself (see ``_SelfEndingStream``); ``sse_response`` for any other source."""
+    return _SelfEndingStream(source, media_type=MEDIA_TYPE, headers=dict(_HEADERS))
+
+
+_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
 def sse_response(
     source: AsyncIterable[bytes],
     *,
@@ -200,7 +251,7 @@ def sse_response(
     status_code: int = 200,
 ) -> StreamingResponse:
     """A streaming ``text/event-stream`` response (no proxy buffering, no caching)."""
-    all_headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    all_headers = dict(_HEADERS)
     if headers:
         all_headers.update(headers)
     body = source if not keepalive_interval else with_keepalive(source, keepalive_interval)
