@@ -31,6 +31,7 @@ from sandlot.execd.envfile import EnvFile
 from sandlot.execd.execution import Execution
 from sandlot.execd.http import JSON, bad_request, expect_object, json_body, not_found, ok, query_int
 from sandlot.execd.settings import Settings
+from sandlot.execd.sparefiles import SpareFiles
 
 F_SETPIPE_SZ = 1031
 F_GETPIPE_SZ = 1032
@@ -136,6 +137,7 @@ class CommandService:
         self._exits: dict[str, asyncio.Future[int]] = {}
         self._own_state_dir = False
         self.state_dir = ""
+        self._spare_files: SpareFiles | None = None
         self._janitor: asyncio.Task[None] | None = None
         self.envfile = EnvFile(os.environ.get("EXECD_ENVS"))
 
@@ -149,6 +151,7 @@ class CommandService:
         else:
             self.state_dir = tempfile.mkdtemp(prefix="sandlot-execd-")
         self._own_state_dir = True
+        self._spare_files = SpareFiles(self.state_dir)
         if not os.environ.get("EXECD_ENVS"):
             os.environ["EXECD_ENVS"] = os.path.join(self.state_dir, "envs")
             self.envfile = EnvFile(os.environ["EXECD_ENVS"])
@@ -162,6 +165,8 @@ class CommandService:
         for ex in list(self.executions.values()):
             ex.discard()
         self.executions.clear()
+        if self._spare_files is not None:
+            self._spare_files.close()
         if self._own_state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
@@ -194,7 +199,8 @@ class CommandService:
 
     # running -------------------------------------------------------------------------
     def new_execution(self, content: str, *, background: bool) -> Execution:
-        ex = Execution(uuid.uuid4().hex, content, self.state_dir, background=background)
+        ex = Execution(uuid.uuid4().hex, content, self.state_dir, background=background,
+                       files=self._spare_files)
         self.executions[ex.id] = ex
         return ex
 

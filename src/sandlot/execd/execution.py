@@ -18,6 +18,7 @@ from typing import Any
 
 from sandlot.execd import sse
 from sandlot.execd.journal import EventJournal, OutputLog
+from sandlot.execd.sparefiles import SpareFiles
 
 
 def rfc3339(ts: float | None) -> str | None:
@@ -27,7 +28,10 @@ def rfc3339(ts: float | None) -> str | None:
 
 
 class Execution:
-    def __init__(self, exec_id: str, content: str, state_dir: str, *, background: bool) -> None:
+    def __init__(
+        self, exec_id: str, content: str, state_dir: str, *, background: bool,
+        files: SpareFiles | None = None,
+    ) -> None:
         self.id = exec_id
         self.content = content
         self.background = background
@@ -38,8 +42,13 @@ class Execution:
         self.error: str | None = None
         self.timed_out = False
         self.pid: int | None = None
-        self.journal = EventJournal(os.path.join(state_dir, f"{exec_id}.events"))
-        self.log = OutputLog(os.path.join(state_dir, f"{exec_id}.log"))
+        if files is not None:  # files made ahead (see sparefiles)
+            journal_path, log_path = files.take(), files.take()
+        else:
+            journal_path = os.path.join(state_dir, f"{exec_id}.events")
+            log_path = os.path.join(state_dir, f"{exec_id}.log")
+        self.journal = EventJournal(journal_path)
+        self.log = OutputLog(log_path)
         self._decoders = {
             "stdout": codecs.getincrementaldecoder("utf-8")(errors="replace"),
             "stderr": codecs.getincrementaldecoder("utf-8")(errors="replace"),
