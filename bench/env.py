@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,6 +86,23 @@ class BenchEnv:
         if text not in self.notes:
             self.notes.append(text)
 
+    async def quiesce(self, timeout: float = 15.0, idle_share: float = 0.8,
+                      window: float = 0.25) -> float:
+        """Wait until the machine is mostly idle; returns the seconds waited.
+
+        A "warm sandbox" figure must not overlap the server's own background work (the warm
+        pool refilling after a claim, teardowns of the previous benchmark's sandboxes), which
+        on two cores would be measured as the command's latency.
+        """
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            busy0, total0 = _cpu_jiffies()
+            await asyncio.sleep(window)
+            busy1, total1 = _cpu_jiffies()
+            if total1 > total0 and 1 - (busy1 - busy0) / (total1 - total0) >= idle_share:
+                break
+        return time.monotonic() - t0
+
     def profile_execd(self, sandbox_id: str) -> None:
         """Under ``--profile``, sample the execd daemon of ``sandbox_id`` too."""
         if self.profiler is None:
@@ -148,3 +167,11 @@ class BenchEnv:
         if self._rootfs is not None:
             self._rootfs.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)

@@ -273,7 +273,8 @@ class CommandService:
     def stream(self, ex: Execution, last_event_id: str | None = None) -> StreamingResponse:
         start = ex.journal.resume_offset(last_event_id)
         return sse.self_ending_sse_response(
-            ex.journal.follow(start, keepalive=self.settings.keepalive_interval or None)
+            ex.journal.follow(start, keepalive=self.settings.keepalive_interval or None),
+            after=self._spare_files.top_up if self._spare_files is not None else None,
         )
 
     # routes --------------------------------------------------------------------------

@@ -2,20 +2,20 @@
 
 Every command keeps two files (its event journal and its output log) so that a dropped
 stream can be resumed and logs read from a cursor. Creating a file is a metadata operation of
-the filesystem under the sandbox's /tmp: ~0.4 ms each on the ext4 of the dev VM, i.e. most of
-execd's own share of a ``true`` round trip. Opening an existing empty file costs ~0.01 ms. So
-a few files are created ahead, on a thread (the syscalls release the GIL and run on another
-core), while commands come and go; a command takes one or makes its own when none is left.
+the filesystem under the sandbox's /tmp: ~0.4 ms each on the ext4 of the dev VM, i.e. a good
+part of execd's own share of a ``true`` round trip, while opening an existing empty file
+costs ~0.01 ms. So the files of the next commands are made after a command's stream has been
+sent (``top_up``), while the client reads the result, instead of on the request path.
+(A thread doing it instead ping-pongs the GIL with the event loop: measured slower.)
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import threading
 from collections import deque
 
-KEEP = 8  # files ready (four commands' worth); a burst beyond that creates its own
+KEEP = 4  # two commands' worth; a burst beyond that creates its own files
 
 
 class SpareFiles:
@@ -26,55 +26,33 @@ class SpareFiles:
         self.keep = keep
         self._ready: deque[str] = deque()
         self._names = itertools.count()
-        self._wanted = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._stopped = False
+        self._closed = False
 
     def take(self) -> str:
-        """The path of an empty file (made ahead), or of a new name the caller creates."""
-        try:
-            path = self._ready.popleft()
-        except IndexError:
+        """The path of an empty file made ahead, or a fresh name the caller creates."""
+        if self._ready:
+            return self._ready.popleft()
+        return self._new_name()
+
+    def top_up(self) -> None:
+        """Make files until ``keep`` are ready (call when no request is waiting on it)."""
+        while not self._closed and len(self._ready) < self.keep:
             path = self._new_name()
-        self._top_up()
-        return path
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            except OSError:
+                return  # e.g. the state dir is gone (shutting down): take() copes
+            os.close(fd)
+            self._ready.append(path)
 
     def close(self) -> None:
-        """Stop making files and remove the ones not handed out."""
-        self._stopped = True
-        self._wanted.set()
+        """Make no more files and remove the ones not handed out."""
+        self._closed = True
         while self._ready:
             try:
                 os.unlink(self._ready.popleft())
-            except (IndexError, OSError):
+            except OSError:
                 pass
 
     def _new_name(self) -> str:
         return os.path.join(self.directory, f"j{next(self._names)}")
-
-    def _top_up(self) -> None:
-        if self._stopped or self.keep <= 0:
-            return
-        if self._thread is None:  # started on first use: an idle execd has no extra thread
-            self._thread = threading.Thread(target=self._fill, name="execd-spare-files",
-                                            daemon=True)
-            self._thread.start()
-        self._wanted.set()
-
-    def _fill(self) -> None:
-        while True:
-            self._wanted.wait()
-            self._wanted.clear()
-            while not self._stopped and len(self._ready) < self.keep:
-                path = self._new_name()
-                try:
-                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-                except OSError:
-                    break  # e.g. the state dir is gone (shutting down): take() copes
-                os.close(fd)
-                if self._stopped:
-                    os.unlink(path)
-                    return
-                self._ready.append(path)
-            if self._stopped:
-                return

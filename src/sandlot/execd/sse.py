@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -203,6 +203,8 @@ class _SelfEndingStream(StreamingResponse):
     its next chunk; the source closes (``aclose``) either way.
     """
 
+    after: Callable[[], None] | None = None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
@@ -222,6 +224,8 @@ class _SelfEndingStream(StreamingResponse):
                 if gone.done():
                     return
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if self.after is not None:
+                self.after()
         finally:
             gone.cancel()
             aclose = getattr(iterator, "aclose", None)
@@ -234,10 +238,15 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-def self_ending_sse_response(source: AsyncIterable[bytes]) -> StreamingResponse:
+def self_ending_sse_response(
+    source: AsyncIterable[bytes], *, after: Callable[[], None] | None = None
+) -> StreamingResponse:
     """A ``text/event-stream`` response for a source that needs no keep-alive wrapper and ends
-    by itself (see ``_SelfEndingStream``); ``sse_response`` for any other source."""
-    return _SelfEndingStream(source, media_type=MEDIA_TYPE, headers=dict(_HEADERS))
+    by itself (see ``_SelfEndingStream``); ``sse_response`` for any other source. ``after``
+    runs once the whole stream has been handed to the connection (deferred work)."""
+    response = _SelfEndingStream(source, media_type=MEDIA_TYPE, headers=dict(_HEADERS))
+    response.after = after
+    return response
 
 
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
