@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from sandlot.execd import memory, oomscore, procs, sse
+from sandlot.execd import memory, oomscore, plainexec, procs, sse
 from sandlot.execd.envfile import EnvFile
 from sandlot.execd.execution import Execution
 from sandlot.execd.http import JSON, bad_request, expect_object, json_body, not_found, ok, query_int
@@ -132,6 +132,7 @@ class CommandService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.shell = find_shell()
+        self._shell_is_bash = os.path.basename(self.shell) == "bash"
         self.executions: dict[str, Execution] = {}
         self._groups: dict[str, int] = {}
         self._exits: dict[str, asyncio.Future[int]] = {}
@@ -206,19 +207,12 @@ class CommandService:
 
     def start(self, req: CommandRequest) -> Execution:
         ex = self.new_execution(req.content, background=req.background)
+        env = self.base_env(req.envs)
         argv = req.argv if req.argv is not None else [self.shell, "-c", req.command or ""]
         out_r, out_w = make_pipe()
         err_r, err_w = make_pipe()
         try:
-            pid, exited = procs.spawn(
-                argv,
-                cwd=req.cwd,
-                env=self.base_env(req.envs),
-                stdout=out_w,
-                stderr=err_w,
-                uid=req.uid,
-                gid=req.gid,
-            )
+            pid, exited = self._spawn_command(req, argv, env, out_w, err_w)
         except OSError as exc:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
@@ -242,6 +236,22 @@ class CommandService:
             handle = loop.call_later(req.timeout_ms / 1000, self._on_timeout, ex, req.timeout_ms)
             ex.done.add_done_callback(lambda _f: handle.cancel())
         return ex
+
+    def _spawn_command(
+        self, req: CommandRequest, argv: list[str], env: dict[str, str], out_w: int, err_w: int
+    ) -> tuple[int, asyncio.Future[int]]:
+        """Start the command; a plain one without bash in between (see ``plainexec``)."""
+        if req.command is not None and self._shell_is_bash:
+            plain = plainexec.plain_argv(req.command, env)
+            direct_env = plainexec.bash_like_env(env, plain, req.cwd) if plain else None
+            if plain and direct_env is not None:
+                try:
+                    return procs.spawn(plain, cwd=req.cwd, env=direct_env, stdout=out_w,
+                                       stderr=err_w, uid=req.uid, gid=req.gid)
+                except OSError:
+                    pass  # not executable, no #! line, ...: bash says what it says about it
+        return procs.spawn(argv, cwd=req.cwd, env=env, stdout=out_w, stderr=err_w,
+                           uid=req.uid, gid=req.gid)
 
     def _on_finished(self, ex: Execution) -> None:
         self._exits.pop(ex.id, None)
