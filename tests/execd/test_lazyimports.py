@@ -1,4 +1,5 @@
-"""The stand-ins of ``sandlot.execd.lazyimports`` (ssl, hashlib, hmac, http.client): start-up
+"""The stand-ins of ``sandlot.execd.lazyimports`` (ssl, hashlib, hmac, http.client,
+logging.config): start-up
 imports without the real modules, the real ones on first use, an idle execd without OpenSSL."""
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ def run_python(code: str) -> str:
     """Run ``code`` in a fresh interpreter after ``lazyimports.install()``."""
     prelude = (
         "from sandlot.execd import lazyimports\n"
-        "assert lazyimports.install() == ['ssl', 'hashlib', 'hmac', 'http.client']\n"
+        "assert lazyimports.install() == "
+        "['ssl', 'hashlib', 'hmac', 'http.client', 'logging.config']\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
@@ -43,8 +45,12 @@ def test_execd_start_up_imports_need_no_openssl() -> None:
         from sandlot.execd import lazyimports, main
         loaded = [m for m in ("_ssl", "_hashlib", "email.parser") if m in sys.modules]
         assert not loaded, loaded
-        names = ("ssl", "hashlib", "hmac", "http.client")
+        names = ("ssl", "hashlib", "hmac", "http.client", "logging.config")
         assert all(lazyimports.is_stand_in(sys.modules[n]) for n in names)
+        import logging
+        assert logging.config is sys.modules["logging.config"]
+        assert logging.config.dictConfig is not None  # first real use imports it
+        assert not lazyimports.is_stand_in(sys.modules["logging.config"])
         from starlette.exceptions import HTTPException
         assert HTTPException(404).detail == "Not Found" and "email.parser" not in sys.modules
         assert hmac.compare_digest(b"token", b"token") and not hmac.compare_digest(b"a", b"b")

@@ -60,6 +60,9 @@ DEFERRED: dict[str, Callable[[], dict[str, Any]]] = {
     "hmac": lambda: {"compare_digest": _compare_digest},
     # starlette.exceptions: http.client.responses.get(status_code, "") (as http.client builds it)
     "http.client": lambda: {"responses": {s: s.phrase for s in HTTPStatus.__members__.values()}},
+    # uvicorn.config: import logging.config (used only for a log_config, which execd leaves
+    # unset: main sets up logging itself)
+    "logging.config": dict,
 }
 
 

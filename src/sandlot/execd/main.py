@@ -168,8 +168,10 @@ async def _serve(
         extensions.append(ClaimExtension(settings, on_claim))
     app = build_app(settings, extensions=extensions)
     config_cls, server_cls = _uvicorn()
+    _configure_logging(ns.log_level)
     config = config_cls(
         app,
+        log_config=None,  # see _configure_logging
         log_level=ns.log_level,
         access_log=False,
         lifespan="on",
@@ -202,6 +204,20 @@ async def _serve(
             with contextlib.suppress(OSError):
                 os.unlink(path)
     return 0
+
+
+def _configure_logging(level: str) -> None:
+    """One stderr handler for execd's and uvicorn's loggers.
+
+    In place of uvicorn's own ``dictConfig`` set-up, which needs ``logging.config`` (~0.5 MB
+    of every idle execd; see lazyimports) for two formatters.
+    """
+    import logging
+
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.WARNING),
+        format="execd %(levelname)s %(name)s: %(message)s",
+    )
 
 
 def _raise_fd_limit() -> None:
