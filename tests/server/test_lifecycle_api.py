@@ -45,6 +45,20 @@ async def test_create_reaches_running_with_limits_and_token(
     assert spec.pids_limit == harness.cfg.runtime.pids_limit
 
 
+async def test_keep_alive_entrypoints_are_recorded_but_not_started(
+    harness: Harness, client: httpx.AsyncClient
+) -> None:
+    for idle in (["tail", "-f", "/dev/null"], ["sleep", "infinity"]):
+        body = await create(client, entrypoint=idle)
+        await harness.wait_state(client, body["id"], "Running")
+        assert harness.runtime.created[-1].entrypoint == []  # execd keeps the sandbox alive
+        r = await client.get(f"/v1/sandboxes/{body['id']}")
+        assert r.json()["entrypoint"] == idle
+    body = await create(client, entrypoint=["python3", "-m", "http.server"])
+    await harness.wait_state(client, body["id"], "Running")
+    assert harness.runtime.created[-1].entrypoint == ["python3", "-m", "http.server"]
+
+
 async def test_unversioned_aliases(harness: Harness, client: httpx.AsyncClient) -> None:
     body = await create(client)
     r = await client.get(f"/sandboxes/{body['id']}")

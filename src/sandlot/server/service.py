@@ -43,6 +43,10 @@ EXPIRY_RETRY = 30.0  # seconds before a failed expiry is tried again
 log = logging.getLogger(__name__)
 
 KEEP_ALIVE = ["tail", "-f", "/dev/null"]
+# The keep-alive idiom (the SDKs' default entrypoint) is recorded as asked but not started:
+# execd, the sandbox's PID 1, keeps the sandbox alive by itself. One process and one spawn
+# less per sandbox.
+IDLE_ENTRYPOINTS = (KEEP_ALIVE, ["sleep", "infinity"])
 # OSEP-0009 (deprecated spelling, still what 1.x clients send): renew the TTL on proxy access.
 RENEW_ON_ACCESS_KEY = "access.renew.extend.seconds"
 _RENEW_ON_ACCESS_EVERY = 5.0  # seconds between persisted renewals of one sandbox
@@ -186,7 +190,6 @@ class SandboxService:
             else None
         )
         self._records[rec.id] = rec
-        await self.store.save(rec)
         self.expiry.schedule(rec.id, rec.expires_at)
         spec_parts = {"env": dict(req.env), "cpu": cpu, "memory": memory, "auth": auth}
         task = asyncio.create_task(self._provision(rec, spec_parts))
@@ -197,6 +200,11 @@ class SandboxService:
         wait = self.cfg.server.create_wait_seconds
         if wait > 0:
             await asyncio.wait({task}, timeout=wait)
+        if not task.done():
+            # Stored before the answer names the sandbox. A create that finished meanwhile
+            # stored its outcome itself: one write instead of two. (A crash before any write
+            # leaves a container without a record, which restart reconciliation deletes.)
+            await self.store.save(rec)
         return rec
 
     def _provisioned(self, task: asyncio.Task[None]) -> None:
@@ -249,7 +257,7 @@ class SandboxService:
             spec = SandboxSpec(
                 sandbox_id=rec.id,
                 image=image,
-                entrypoint=rec.entrypoint,
+                entrypoint=[] if rec.entrypoint in IDLE_ENTRYPOINTS else rec.entrypoint,
                 env=parts["env"],
                 cpu_cores=parts["cpu"],
                 memory_bytes=parts["memory"],
