@@ -1,10 +1,11 @@
 """Sandboxes through the released ``opensandbox`` SDK, every one tracked for cleanup.
 
-All sandboxes share one HTTP transport, built the way the SDK builds its own (retries
-included): left to itself the SDK makes a transport per ``Sandbox.create``, and httpx loads
-the CA bundle into a new SSL context for each (~20 ms of client CPU on the 2-core VM), which
-would be charged to the server's create latency. ``per_sandbox_transport=True`` measures that
-default too.
+Each sandbox gets its own HTTP transport, built the way the SDK builds its own (retries
+included), but all of them over one SSL context: left to itself the SDK makes a transport per
+``Sandbox.create`` and httpx loads the CA bundle into a new SSL context for each (~20 ms of
+client CPU on the 2-core VM), which would be charged to the server's create latency. (One
+transport shared by all sandboxes is no better: its pool scans every idle connection, to
+every sandbox, on each request.) ``per_sandbox_transport=True`` measures the SDK default.
 
 Each sandbox is created with metadata ``sandlot-bench=<run id>``; ``sweep`` lists the server
 and deletes whatever is left (interrupted creates included), so no run leaves a sandbox behind.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from datetime import timedelta
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 import httpx
 from opensandbox import Sandbox
 from opensandbox.config import ConnectionConfig
+from opensandbox.transport import RetryAsyncTransport
 
 from bench.server import SandlotServer
 
@@ -34,23 +37,48 @@ class Sandboxes:
         self.server = server
         self.run_id = run_id
         self.live: dict[str, Sandbox] = {}
-        self._transport: httpx.AsyncBaseTransport | None = None
+        self._ssl: ssl.SSLContext | None = None
+        self._transports: list[httpx.AsyncBaseTransport] = []
+        self._by_sandbox: dict[str, httpx.AsyncBaseTransport] = {}
 
     def config(self, *, proxy: bool = False, shared: bool = True) -> ConnectionConfig:
+        """Connection settings; ``shared``: over the run's one SSL context (see above)."""
         fields: dict[str, Any] = dict(
             domain=self.server.domain, api_key=self.server.api_key, use_server_proxy=proxy,
             disable_metrics=True, request_timeout=timedelta(seconds=300),
         )
         if shared:
-            if self._transport is None:
-                self._transport = ConnectionConfig(**fields).new_owned_transport()
-            fields["transport"] = self._transport
+            fields["transport"] = self._new_transport(ConnectionConfig(**fields))
         return ConnectionConfig(**fields)
 
+    def _new_transport(self, base: ConnectionConfig) -> httpx.AsyncBaseTransport:
+        """The stack ``new_owned_transport`` builds, over one SSL context for the whole run."""
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        inner = httpx.AsyncHTTPTransport(
+            verify=self._ssl,
+            limits=httpx.Limits(max_connections=100, max_keepalive_connections=20,
+                                keepalive_expiry=30.0),
+        )
+        transport: httpx.AsyncBaseTransport = (
+            RetryAsyncTransport(inner, base.retry_policy, owns_inner=True)
+            if base.retry_policy.wraps_transport() else inner
+        )
+        self._transports.append(transport)
+        return transport
+
+    async def _close_transport(self, sandbox: Sandbox) -> None:
+        transport = self._by_sandbox.pop(sandbox.id, None)
+        if transport is not None:
+            with contextlib.suppress(ValueError):
+                self._transports.remove(transport)
+            with contextlib.suppress(Exception):
+                await transport.aclose()
+
     async def aclose(self) -> None:
-        """Close the shared transport (at the end of the run's event loop)."""
-        if self._transport is not None:
-            transport, self._transport = self._transport, None
+        """Close the transports this object made (the SDK does not close given ones)."""
+        transports, self._transports = self._transports, []
+        for transport in transports:
             with contextlib.suppress(Exception):
                 await transport.aclose()
 
@@ -67,6 +95,8 @@ class Sandboxes:
         )
         elapsed = time.perf_counter() - t0
         self.live[sandbox.id] = sandbox
+        if config.transport is not None and not per_sandbox_transport:
+            self._by_sandbox[sandbox.id] = config.transport
         return sandbox, elapsed
 
     async def connect(self, sandbox_id: str, *, proxy: bool) -> Sandbox:
@@ -81,6 +111,7 @@ class Sandboxes:
             return time.perf_counter() - t0
         finally:
             self.live.pop(sandbox.id, None)
+            await self._close_transport(sandbox)
             with contextlib.suppress(Exception):
                 await sandbox.close()
 

@@ -104,8 +104,10 @@ async def _bursts(env: BenchEnv, level: int, rounds: int,
     failures: list[str] = []
     t_wall = time.perf_counter()
     for _ in range(rounds):
-        # Bursts on a warmed server: the pool refills (one start at a time) between them.
+        # Bursts on a warmed server: the pool refills (one start at a time) between them;
+        # on a slow or busy machine that can take longer than the pause, so wait for quiet.
         await asyncio.sleep(env.scale.burst_pause)
+        await env.quiesce()
         results = await asyncio.gather(
             *(asyncio.wait_for(env.sandboxes.create(**create), CREATE_TIMEOUT)
               for _ in range(level)),

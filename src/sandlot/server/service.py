@@ -285,7 +285,13 @@ class SandboxService:
             await self._fail_provisioning(rec, "RuntimeError", f"{type(exc).__name__}: {exc}")
             return
         if rec.state == SandboxState.PENDING:
-            await self._set(rec, SandboxState.RUNNING, "Ready", "execd answers /ping")
+            rec.transition(SandboxState.RUNNING, "Ready", "execd answers /ping")
+            # Every SDK asks for execd's endpoint next: open its listener now and store its
+            # port in the same commit as the state (one write, no listener on that request).
+            execd_port = self.cfg.execd.port
+            host_port = await self.forwarder.open(rec.id, execd_port)
+            await asyncio.gather(self.store.save(rec),
+                                 self.store.save_endpoint(rec.id, execd_port, host_port))
 
     async def _resolve_image(self, rec: SandboxRecord, auth: RegistryAuth | None) -> Image:
         image = self.images.get(rec.image_uri)
