@@ -47,6 +47,9 @@ KEEP_ALIVE = ["tail", "-f", "/dev/null"]
 # execd, the sandbox's PID 1, keeps the sandbox alive by itself. One process and one spawn
 # less per sandbox.
 IDLE_ENTRYPOINTS = (KEEP_ALIVE, ["sleep", "infinity"])
+# The port of the reference platform's egress sidecar: the SDKs look its endpoint up on every
+# create (sandlot runs no sidecar; the endpoint forwards to that port in the sandbox).
+SDK_EGRESS_PORT = 18080
 # OSEP-0009 (deprecated spelling, still what 1.x clients send): renew the TTL on proxy access.
 RENEW_ON_ACCESS_KEY = "access.renew.extend.seconds"
 _RENEW_ON_ACCESS_EVERY = 5.0  # seconds between persisted renewals of one sandbox
@@ -286,12 +289,14 @@ class SandboxService:
             return
         if rec.state == SandboxState.PENDING:
             rec.transition(SandboxState.RUNNING, "Ready", "execd answers /ping")
-            # Every SDK asks for execd's endpoint next: open its listener now and store its
-            # port in the same commit as the state (one write, no listener on that request).
-            execd_port = self.cfg.execd.port
-            host_port = await self.forwarder.open(rec.id, execd_port)
-            await asyncio.gather(self.store.save(rec),
-                                 self.store.save_endpoint(rec.id, execd_port, host_port))
+            # The SDKs ask for these endpoints right after every create: open their listeners
+            # now and store their ports in the same commit as the state (no listener and no
+            # write on those requests).
+            writes = [self.store.save(rec)]
+            for port in (self.cfg.execd.port, SDK_EGRESS_PORT):
+                host_port = await self.forwarder.open(rec.id, port)
+                writes.append(self.store.save_endpoint(rec.id, port, host_port))
+            await asyncio.gather(*writes)
 
     async def _resolve_image(self, rec: SandboxRecord, auth: RegistryAuth | None) -> Image:
         image = self.images.get(rec.image_uri)

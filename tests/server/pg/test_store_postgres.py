@@ -234,10 +234,12 @@ async def test_app_create_running_delete_cycle(pg_harness: Harness, pg_url: str)
         assert row.expires_at is not None
         assert row.expires_at == datetime.fromisoformat(body["expiresAt"])
 
-        ep = (await c.get(f"/v1/sandboxes/{sid}/endpoints/44772")).json()
-        host_port = int(ep["endpoint"].rsplit(":", 1)[1])
+        ports = {}
+        for port in (44772, 18080):  # opened and stored by the create (the SDKs ask for both)
+            ep = (await c.get(f"/v1/sandboxes/{sid}/endpoints/{port}")).json()
+            ports[(sid, port)] = int(ep["endpoint"].rsplit(":", 1)[1])
         async with opened(pg_url) as store:
-            assert await store.endpoint_ports() == {(sid, 44772): host_port}
+            assert await store.endpoint_ports() == ports
 
         assert (await c.delete(f"/v1/sandboxes/{sid}")).status_code == 204
         assert (await c.get(f"/v1/sandboxes/{sid}")).status_code == 404
