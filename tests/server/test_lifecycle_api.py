@@ -276,6 +276,30 @@ async def test_create_answers_pending_at_once_when_waiting_is_off(
     await harness.wait_state(client, body["id"], "Running")
 
 
+async def test_a_create_slower_than_the_wait_is_stored_before_it_answers(
+    harness: Harness, client: httpx.AsyncClient
+) -> None:
+    from sandlot.server.store import SandboxStore
+
+    harness.cfg.server.create_wait_seconds = 0.05
+    create_container = harness.runtime.create
+
+    async def slow_create(spec):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.5)
+        return await create_container(spec)
+
+    harness.runtime.create = slow_create  # type: ignore[method-assign]
+    body = await create(client)
+    assert body["status"]["state"] == "Pending"
+    store = await SandboxStore.open(f"sqlite+aiosqlite:///{harness.cfg.data_dir / 'sandlot.db'}")
+    try:
+        stored = {r.id: r for r in await store.load_all()}
+        assert stored[body["id"]].state.value == "Pending"  # named in an answer: stored
+    finally:
+        await store.close()
+    await harness.wait_state(client, body["id"], "Running")
+
+
 async def test_server_start_prewarms_the_pooled_images_it_has(harness: Harness) -> None:
     # "base" is stored (FakeImages), so the default pool list asks the runtime to keep it warm.
     assert harness.runtime.prewarmed == ["base"]

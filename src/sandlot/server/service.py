@@ -194,20 +194,23 @@ class SandboxService:
         )
         self._records[rec.id] = rec
         self.expiry.schedule(rec.id, rec.expires_at)
+        wait = self.cfg.server.create_wait_seconds
+        if wait <= 0:  # answered at once, as Pending: stored before the answer names it
+            await self.store.save(rec)
         spec_parts = {"env": dict(req.env), "cpu": cpu, "memory": memory, "auth": auth}
         task = asyncio.create_task(self._provision(rec, spec_parts))
         self._provisioning[rec.id] = task
         task.add_done_callback(self._provisioned)
         # Answer with Running when the sandbox comes up quickly (cached image, warm pool), so
         # clients need no polling round; slow starts (pulls) still answer Pending in time.
-        wait = self.cfg.server.create_wait_seconds
         if wait > 0:
             await asyncio.wait({task}, timeout=wait)
-        if not task.done():
-            # Stored before the answer names the sandbox. A create that finished meanwhile
-            # stored its outcome itself: one write instead of two. (A crash before any write
-            # leaves a container without a record, which restart reconciliation deletes.)
-            await self.store.save(rec)
+            if not task.done():
+                # Stored before the answer names the sandbox. A create that finished within
+                # the wait stored its outcome itself: one write instead of two. (A crash
+                # before any write leaves a container without a record, which restart
+                # reconciliation deletes.)
+                await self.store.save(rec)
         return rec
 
     def _provisioned(self, task: asyncio.Task[None]) -> None:
