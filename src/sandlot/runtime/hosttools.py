@@ -3,8 +3,8 @@
 The server runs on uvloop, whose subprocess support ``fork()``s the whole server: the page
 tables of a process with a few hundred MB mapped are copied before the tool starts, on the
 event loop, ~5-12 ms per call (measured). CPython's ``subprocess`` uses ``vfork()`` (no copy,
-~0.3 ms of CPU), so tools are started and waited for by ``subprocess.run`` on a thread pool
-of their own; the loop only awaits the result.
+~0.3 ms of CPU), so tools are started and waited for by ``subprocess.Popen`` on a thread
+pool of their own; the loop only awaits the result.
 """
 
 from __future__ import annotations

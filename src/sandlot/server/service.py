@@ -292,14 +292,14 @@ class SandboxService:
             return
         if rec.state == SandboxState.PENDING:
             rec.transition(SandboxState.RUNNING, "Ready", "execd answers /ping")
-            # The SDKs ask for these endpoints right after every create: open their listeners
-            # now and store their ports in the same commit as the state (no listener and no
-            # write on those requests).
-            writes = [self.store.save(rec)]
-            for port in (self.cfg.execd.port, SDK_EGRESS_PORT):
-                host_port = await self.forwarder.open(rec.id, port)
-                writes.append(self.store.save_endpoint(rec.id, port, host_port))
-            await asyncio.gather(*writes)
+            # The SDKs ask for these endpoints right after every create: open them now, beside
+            # the state's write (the store commits writes that queue up together), so those
+            # requests find them open and stored.
+            await asyncio.gather(
+                self.store.save(rec),
+                *(self.open_endpoint(rec.id, port)
+                  for port in (self.cfg.execd.port, SDK_EGRESS_PORT)),
+            )
 
     async def _resolve_image(self, rec: SandboxRecord, auth: RegistryAuth | None) -> Image:
         image = self.images.get(rec.image_uri)
