@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from bench.baselines.docker import DockerBaseline, DockerUnavailable
 from bench.baselines.runc import RuncBaseline
 from bench.procs import execd_pids
@@ -96,10 +98,9 @@ class BenchEnv:
         """
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
-            busy0, total0 = _cpu_jiffies()
+            psutil.cpu_percent(interval=None)  # starts the window (machine-wide, all CPUs)
             await asyncio.sleep(window)
-            busy1, total1 = _cpu_jiffies()
-            if total1 > total0 and 1 - (busy1 - busy0) / (total1 - total0) >= idle_share:
+            if psutil.cpu_percent(interval=None) <= 100 * (1 - idle_share):
                 break
         return time.monotonic() - t0
 
@@ -167,11 +168,3 @@ class BenchEnv:
         if self._rootfs is not None:
             self._rootfs.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def _cpu_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs, from /proc/stat."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
