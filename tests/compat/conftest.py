@@ -21,10 +21,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
+from opensandbox.config import ConnectionConfig
 
 from sandlot.config import Config
 from sandlot.images.store import ImageStore
@@ -77,6 +79,15 @@ class SandlotServer:
             "OPEN_SANDBOX_API_KEY": self.api_key,
             "HOME": str(self.data_dir / "home"),
         }
+
+    def sdk_config(self, *, proxy: bool = False, timeout: float = 60) -> ConnectionConfig:
+        """The released SDKs' connection settings for this server."""
+        return ConnectionConfig(
+            domain=self.domain,
+            api_key=self.api_key,
+            use_server_proxy=proxy,
+            request_timeout=timedelta(seconds=timeout),
+        )
 
     def client(self) -> httpx.Client:
         return httpx.Client(

@@ -21,7 +21,6 @@ import pytest
 from code_interpreter import CodeInterpreter
 from code_interpreter.models.code import CodeContext, SupportedLanguage
 from opensandbox import Sandbox
-from opensandbox.config import ConnectionConfig
 from opensandbox.constants import DEFAULT_EXECD_PORT
 from opensandbox.models.execd import ExecutionHandlers
 from opensandbox.models.sandboxes import SandboxEndpoint
@@ -64,15 +63,6 @@ def figure(record: Any, name: str, value: float) -> None:
     record(name, round(value, 4))
 
 
-def conn(server: SandlotServer, proxy: bool = False) -> ConnectionConfig:
-    return ConnectionConfig(
-        domain=server.domain,
-        api_key=server.api_key,
-        use_server_proxy=proxy,
-        request_timeout=timedelta(seconds=120),
-    )
-
-
 async def new_sandbox(
     server: SandlotServer,
     image: str = IMAGE,
@@ -83,7 +73,7 @@ async def new_sandbox(
 ) -> Sandbox:
     return await Sandbox.create(
         image,
-        connection_config=conn(server, proxy),
+        connection_config=server.sdk_config(proxy=proxy, timeout=120),
         entrypoint=entrypoint,
         resource=resource or {"cpu": "1", "memory": "2Gi"},
         timeout=timedelta(minutes=20),

@@ -6,24 +6,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from opensandbox import Sandbox, SandboxManager
-from opensandbox.config import ConnectionConfig
 from opensandbox.exceptions import SandboxException
 from opensandbox.models.sandboxes import SandboxFilter
 
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
 
 
-def conn(server: SandlotServer, proxy: bool = False) -> ConnectionConfig:
-    return ConnectionConfig(
-        domain=server.domain,
-        api_key=server.api_key,
-        use_server_proxy=proxy,
-        request_timeout=timedelta(seconds=60),
-    )
-
-
 async def test_sdk_lifecycle(sandlot_server: SandlotServer) -> None:
-    cfg = conn(sandlot_server)
+    cfg = sandlot_server.sdk_config()
     sandbox = await Sandbox.create(
         COMPAT_IMAGE,
         connection_config=cfg,
@@ -32,7 +22,7 @@ async def test_sdk_lifecycle(sandlot_server: SandlotServer) -> None:
         timeout=timedelta(minutes=10),
         ready_timeout=timedelta(seconds=60),
     )
-    manager = await SandboxManager.create(connection_config=conn(sandlot_server))
+    manager = await SandboxManager.create(connection_config=sandlot_server.sdk_config())
     try:
         assert await sandbox.is_healthy()
         info = await sandbox.get_info()
@@ -62,7 +52,9 @@ async def test_sdk_lifecycle(sandlot_server: SandlotServer) -> None:
         assert "409" in str(conflict.value) or "Paused" in str(conflict.value)
 
         resumed = await Sandbox.resume(
-            sandbox.id, connection_config=conn(sandlot_server), resume_timeout=timedelta(seconds=60)
+            sandbox.id,
+            connection_config=sandlot_server.sdk_config(),
+            resume_timeout=timedelta(seconds=60),
         )
         try:
             assert await resumed.is_healthy()
@@ -85,7 +77,7 @@ async def test_sdk_commands_and_files(sandlot_server: SandlotServer, proxy: bool
 
     sandbox = await Sandbox.create(
         COMPAT_IMAGE,
-        connection_config=conn(sandlot_server, proxy),
+        connection_config=sandlot_server.sdk_config(proxy=proxy),
         ready_timeout=timedelta(seconds=60),
     )
     try:
