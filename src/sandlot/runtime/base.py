@@ -1,31 +1,111 @@
-"""The runtime backend interface: what the control plane asks of oci, docker or kubernetes.
+"""The runtime boundary: what the control plane asks of a backend (oci, docker, ...).
 
-The control plane (``sandlot.server``) owns lifecycle rules and state; a runtime only runs
-containers. All methods are idempotent where it makes sense (delete of a missing sandbox is
-not an error) so that recovery after a crash can simply call them again.
+The control plane (``sandlot.server``) owns lifecycle rules and state; a runtime runs
+containers, resolves their images, and is the only way into them: ``connect`` hands back a
+connected socket to a port inside the sandbox (execd's port included), so the server never
+learns host paths, sockets or namespaces of a backend. What a backend can do is declared in
+``capabilities``; the server derives its "not supported" answers from it.
+
+All methods are idempotent where it makes sense (delete of a missing sandbox is not an
+error) so that recovery after a crash can simply call them again. Backends register under
+the ``sandlot.runtimes`` entry-point group (see ``sandlot.runtime.registry``).
 """
 
 from __future__ import annotations
 
-import asyncio
+import abc
 import enum
+import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from sandlot.images.model import Image
+from sandlot.images.model import RegistryAuth
+
+if TYPE_CHECKING:
+    from sandlot.config import Config
+
+__all__ = [
+    "ContainerInfo", "ContainerState", "CreateResult", "EgressRule", "ImageRef", "NetworkPolicy",
+    "Progress", "RegistryAuth", "Runtime", "RuntimeCapabilities", "SandboxSpec", "VolumeSpec",
+]
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """An image as the client asked for it; each runtime resolves it itself."""
+
+    reference: str  # e.g. "python:3.12", "base", "host:5000/team/app@sha256:..."
+    auth: RegistryAuth | None = None
+    platform: str | None = None  # "linux/amd64"; None = the host's
+
+
+@dataclass(frozen=True)
+class VolumeSpec:
+    """One volume of a create request (OpenSandbox ``volumes[]``).
+
+    ``kind`` is the backend-neutral type ("host", "pvc", "ossfs", ...): a runtime supports
+    the kinds listed in ``capabilities.volume_kinds``; ``source`` is kind-specific (host
+    path, claim name, ...), ``options`` holds the rest of the request's fields.
+    """
+
+    name: str
+    kind: str
+    source: str
+    mount_path: str
+    read_only: bool = False
+    sub_path: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EgressRule:
+    action: str  # "allow" | "deny"
+    target: str  # domain, "*.domain", IP or CIDR
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """OpenSandbox ``networkPolicy``: the default action then rules, first match wins."""
+
+    default_action: str = "deny"  # "allow" | "deny"
+    egress: tuple[EgressRule, ...] = ()
 
 
 @dataclass
 class SandboxSpec:
     sandbox_id: str
-    image: Image
-    entrypoint: list[str]  # the user workload; execd is started before it by the bootstrap
+    image: ImageRef
+    entrypoint: list[str]  # the user workload; execd is started before it
     env: dict[str, str] = field(default_factory=dict)
     cpu_cores: float | None = None  # e.g. 0.5; None = unlimited
     memory_bytes: int | None = None  # None = unlimited
     pids_limit: int = 4096
     execd_token: str | None = None  # required in X-EXECD-ACCESS-TOKEN when set
+    volumes: list[VolumeSpec] = field(default_factory=list)
+    network_policy: NetworkPolicy | None = None  # None = unrestricted (as upstream)
+    extensions: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RuntimeCapabilities:
+    """What a backend offers; the server answers 501 for anything not listed."""
+
+    pause: bool = True
+    hibernate: bool = False
+    snapshots: bool = False
+    volume_kinds: frozenset[str] = frozenset()
+    gpu: bool = False
+    network_policy: bool = False
+    isolation: str = "runc"  # "runc", "gvisor", "docker", ...: reported at start and in doctor
+    platforms: frozenset[str] = frozenset()  # "linux/amd64", ...; empty = any
+
+
+@dataclass(frozen=True)
+class CreateResult:
+    """What ``create`` knows when it returns."""
+
+    execd_ready: bool  # execd has answered already (e.g. a claimed warm container)
 
 
 class ContainerState(enum.Enum):
@@ -42,43 +122,62 @@ class ContainerInfo:
     state: ContainerState
     pid: int | None = None
     exit_code: int | None = None
+    reason: str | None = None  # e.g. "hibernated": shown in the sandbox's status
 
 
-class Runtime(Protocol):
-    """A backend that runs sandboxes as containers."""
+# Called by ``create`` with (reason, message) while it works, e.g. ("Pulling", "pulling x").
+Progress = Callable[[str, str], Awaitable[None]]
 
-    name: str
 
-    async def create(self, spec: SandboxSpec) -> bool:
-        """Create and start the sandbox; returns once its init process runs.
+class Runtime(abc.ABC):
+    """A backend that runs sandboxes as containers (see module docstring)."""
 
-        Returns True when execd is known to answer already (a warm container whose execd
-        accepted the claim), so the caller can skip waiting for ``/ping``. Raises
-        ``RuntimeFailure`` if it cannot start; leaves nothing behind in that case.
+    name: ClassVar[str]
+    capabilities: RuntimeCapabilities
+
+    @classmethod
+    @abc.abstractmethod
+    async def open(cls, cfg: Config) -> Runtime:
+        """Check the host, set the backend up and return it; ``RuntimeFailure`` says why not."""
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec, progress: Progress | None = None) -> CreateResult:
+        """Resolve the image, create and start the sandbox; returns once its init runs.
+
+        Raises ``ImageNotFound``/``ImagePullError`` for images, ``InvalidRequest`` for a spec
+        this backend cannot satisfy and ``RuntimeFailure`` if it cannot start; leaves nothing
+        behind in those cases.
         """
 
+    @abc.abstractmethod
     async def delete(self, sandbox_id: str) -> None:
         """Kill every process and remove mounts, cgroups and files. Idempotent."""
 
+    @abc.abstractmethod
     async def pause(self, sandbox_id: str) -> None:
-        """Freeze all processes (cgroup freezer); memory is kept."""
+        """Freeze all processes; memory is kept (unless the backend hibernates)."""
 
+    @abc.abstractmethod
     async def resume(self, sandbox_id: str) -> None: ...
 
+    @abc.abstractmethod
     async def inspect(self, sandbox_id: str) -> ContainerInfo: ...
 
+    @abc.abstractmethod
     async def list_ids(self) -> set[str]:
         """Ids of all sandboxes this runtime currently holds (for restart reconciliation)."""
 
-    def execd_socket(self, sandbox_id: str) -> Path:
-        """Host path of the unix socket execd listens on inside this sandbox."""
+    @abc.abstractmethod
+    async def connect(self, sandbox_id: str, port: int) -> socket.socket:
+        """A connected, non-blocking TCP socket to ``port`` inside the sandbox.
 
-    async def open_connection(
-        self, sandbox_id: str, port: int
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Open a TCP connection to ``port`` inside the sandbox (its own network namespace)."""
+        The only way into a sandbox, execd's port included. Raises ``NotFound`` for an
+        unknown sandbox and ``OSError`` (e.g. ``ConnectionRefusedError``) when nothing
+        listens there. The socket must not depend on anything the sandbox can write (no
+        host path inside the sandbox's reach is followed).
+        """
 
-    async def prewarm(self, image: Image) -> None:
+    async def prewarm(self, image: ImageRef) -> None:
         """Keep pre-started sandboxes of ``image`` ready for fast creates, if supported.
 
         Returns at once; a runtime without a warm pool does nothing.
