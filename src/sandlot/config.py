@@ -2,7 +2,8 @@
 
 The reference server's keys (``[server] host/port/api_key/max_sandbox_timeout_seconds``,
 ``[runtime] type``) mean the same here; everything else is sandlot's own and documented in
-``docs/configuration.md``.
+``docs/configuration.md``. Keys the models below do not have are audited at load
+(``config_audit``): refused when ignoring them would weaken security, warned about otherwise.
 """
 
 from __future__ import annotations
@@ -10,16 +11,18 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from sandlot.config_audit import audit
 
 DEFAULT_DATA_DIR = Path("/var/lib/sandlot")
 API_KEY_ENV = "OPENSANDBOX_SERVER_API_KEY"
 
 
 class _Section(BaseModel):
-    # Unknown keys are tolerated so that an OpenSandbox server config file loads unchanged.
+    # Unknown keys are tolerated by the model so that an OpenSandbox server config file
+    # loads; ``config_audit`` names each of them (warning or refusal) instead.
     model_config = ConfigDict(extra="ignore")
 
 
@@ -37,7 +40,8 @@ class ServerConfig(_Section):
 
 
 class RuntimeConfig(_Section):
-    type: Literal["oci", "docker", "kubernetes"] = "oci"
+    # A backend registered under the sandlot.runtimes entry points (sandlot.runtime.registry).
+    type: str = "oci"
     # OCI runtime binary: runc by default; crun on cgroup-v2-only hosts; runsc for gVisor.
     oci_binary: str | None = None
     pids_limit: int = 4096
@@ -67,19 +71,34 @@ class Config(_Section):
     images: ImagesConfig = Field(default_factory=ImagesConfig)
     execd: ExecdConfig = Field(default_factory=ExecdConfig)
     data_dir: Path = DEFAULT_DATA_DIR
+    _warnings: list[str] = PrivateAttr(default_factory=list)
+    _refusals: list[str] = PrivateAttr(default_factory=list)
 
     @classmethod
     def load(cls, path: Path | None = None) -> Config:
-        """Read ``path`` (if given), then apply the environment's API key."""
+        """Read ``path`` (if given), audit its keys, then apply the environment's API key.
+
+        ``OPENSANDBOX_SERVER_API_KEY``, when set, takes precedence over the file (as in
+        OpenSandbox); set but empty, it clears the key.
+        """
         raw: dict = {}
         if path is not None:
             with open(path, "rb") as fh:
                 raw = tomllib.load(fh)
         cfg = cls.model_validate(raw)
-        env_key = os.environ.get(API_KEY_ENV)
-        if env_key and not cfg.server.api_key:
-            cfg.server.api_key = env_key
+        found = audit(raw, cls)
+        cfg._warnings, cfg._refusals = found.warnings, found.refusals
+        if API_KEY_ENV in os.environ:
+            cfg.server.api_key = os.environ[API_KEY_ENV] or None
         return cfg
+
+    def warnings(self) -> list[str]:
+        """Keys of the loaded file that sandlot ignores (logged at start)."""
+        return list(self._warnings)
+
+    def refusals(self) -> list[str]:
+        """Keys whose being ignored would weaken security: ``sandlot serve`` refuses them."""
+        return list(self._refusals)
 
     @property
     def store_url(self) -> str:

@@ -16,14 +16,16 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandlot.errors import SandlotError
+from sandlot.execd import protocol
 from sandlot.execd.extension import Extension
 from sandlot.execd.http import JSON, error_response
 from sandlot.execd.settings import Settings
 
 log = logging.getLogger("sandlot.execd")
 
-TOKEN_HEADER = "x-execd-access-token"
-OPEN_PATHS = frozenset({"/ping"})
+TOKEN_HEADER = protocol.TOKEN_HEADER.lower()
+OPEN_PATHS = frozenset({protocol.PING_PATH})
+_TOKEN_HEADER_BYTES = TOKEN_HEADER.encode()
 
 
 class TokenAuth:
@@ -46,7 +48,7 @@ class TokenAuth:
             return
         given = b""
         for key, value in scope["headers"]:
-            if key == b"x-execd-access-token":
+            if key == _TOKEN_HEADER_BYTES:
                 given = value
                 break
         if given and hmac.compare_digest(given, token):

@@ -17,10 +17,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from sandlot.execd import protocol
 from sandlot.execd.http import JSON, bad_request, expect_object, json_body, not_found
 from sandlot.execd.settings import Settings
 
-CLAIM_PATH = "/_sandlot/claim"
+CLAIM_PATH = protocol.CLAIM_PATH
 
 
 def _str_map(value: Any) -> dict[str, str]:

@@ -18,9 +18,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from sandlot.execd import protocol
+
 PRIVATE_ENV = "SANDLOT_EXECD_PRIVATE_ENV"
 TOKEN_ENV = "SANDLOT_EXECD_TOKEN"
-DEFAULT_PORT = 44772
+DEFAULT_PORT = protocol.DEFAULT_PORT
 
 
 def scrub_environment(environ: Any = None) -> str | None:

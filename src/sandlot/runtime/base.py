@@ -182,6 +182,8 @@ class Runtime(abc.ABC):
 
         Returns at once; a runtime without a warm pool does nothing.
         """
+        return None
 
     async def close(self) -> None:
         """Release runtime resources at server shutdown. Sandboxes keep running."""
+        return None

@@ -1,4 +1,4 @@
-"""The control-plane ASGI app: ``create_app(cfg, runtime, images)``."""
+"""The control-plane ASGI app: ``create_app(cfg, runtime)``."""
 
 from __future__ import annotations
 
@@ -13,21 +13,23 @@ from sandlot.runtime.base import Runtime
 from sandlot.server.api import meta, proxy, sandboxes, sdk_metrics
 from sandlot.server.auth import ApiKeyMiddleware
 from sandlot.server.errors import install_error_handlers
-from sandlot.server.service import ImageSource, SandboxService
+from sandlot.server.service import SandboxService
 from sandlot.server.store import SandboxStore
+from sandlot.server.tokens import ExecdTokens, load_or_create_secret
 
 
-def create_app(cfg: Config, runtime: Runtime, images: ImageSource) -> FastAPI:
+def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
     """Build the app; the store opens and the runtime is reconciled in its lifespan.
 
-    The runtime and image store are owned by the caller (they outlive the app in tests and
-    are closed by ``run_server``).
+    The runtime is owned by the caller (it outlives the app in tests and is closed by
+    ``run_server``). The data dir must have passed ``datadir.prepare``.
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tokens = ExecdTokens(load_or_create_secret(cfg.data_dir))
         store = await SandboxStore.open(cfg.store_url)
-        service = SandboxService(cfg, runtime, images, store)
+        service = SandboxService(cfg, runtime, store, tokens)
         app.state.service = service
         app.state.proxy_clients = proxy.ProxyClients(service)
         try:

@@ -1,9 +1,8 @@
 """Direct endpoints: a loopback listener per sandbox port that forwards raw TCP into it.
 
 Clients get ``127.0.0.1:<listener port>``; each accepted connection is joined to a fresh
-connection into the sandbox (execd's unix socket, or the runtime's connection to any other
-port in the sandbox's network namespace). Ports are persisted so a restarted server offers
-the same addresses again.
+connection into the sandbox, a socket from the runtime's ``connect`` (execd's port included).
+Ports are persisted so a restarted server offers the same addresses again.
 """
 
 from __future__ import annotations
@@ -17,14 +16,7 @@ from typing import cast
 
 log = logging.getLogger(__name__)
 
-Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
-
-
-
-async def _close(writer: asyncio.StreamWriter) -> None:
-    writer.close()
-    with contextlib.suppress(Exception):
-        await writer.wait_closed()
+Connector = Callable[[str, int], Awaitable[socket.socket]]
 
 
 def _nodelay(transport: asyncio.BaseTransport) -> None:
@@ -97,30 +89,6 @@ class _Relay(asyncio.Protocol):
         self.early.clear()
         if self.early_eof:
             self.eof_received()
-
-
-def _take_over(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, relay: _Relay) -> bool:
-    """Move a connected stream pair's transport onto ``relay`` (with whatever the reader had
-    buffered); False when the transport does not allow it."""
-    transport = cast(asyncio.Transport, writer.transport)
-    if not hasattr(transport, "set_protocol") or transport.is_closing():
-        return False
-    try:
-        transport.set_protocol(relay)
-    except (NotImplementedError, AttributeError):
-        return False
-    relay.connection_made(transport)
-    buffered = getattr(reader, "_buffer", None)
-    if buffered:
-        relay.early.append(bytes(buffered))
-        buffered.clear()
-    if reader.at_eof():
-        relay.early_eof = True
-        relay.eof = True
-    # The stream protocol may have paused reading while its buffer was full.
-    with contextlib.suppress(Exception):
-        transport.resume_reading()
-    return True
 
 
 class _Accepted(_Relay):
@@ -196,12 +164,13 @@ class EndpointForwarder:
             upstream = await self._connect_soon(sandbox_id, port)
             if upstream is None:
                 return
-            up_r, up_w = upstream
             up_relay = _Relay(client.done)
-            if not _take_over(up_r, up_w, up_relay):
-                log.warning("endpoint %s:%s: upstream cannot be relayed", sandbox_id, port)
-                await _close(up_w)
-                return
+            try:
+                await asyncio.get_running_loop().create_connection(lambda: up_relay,
+                                                                   sock=upstream)
+            except BaseException:
+                upstream.close()
+                raise
             up_t = up_relay.own
             assert up_t is not None
             _nodelay(up_t)
@@ -215,9 +184,7 @@ class EndpointForwarder:
                 up_t.close()
             client_t.close()
 
-    async def _connect_soon(
-        self, sandbox_id: str, port: int
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    async def _connect_soon(self, sandbox_id: str, port: int) -> socket.socket | None:
         """Connect inside, retrying briefly: a client may dial while the sandbox still starts.
 
         Closing at once would make clients back off for much longer than execd needs to come

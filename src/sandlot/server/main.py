@@ -8,14 +8,16 @@ import logging
 import signal
 import socket
 import sys
-import uuid
 
 import uvicorn
 
+from sandlot import datadir
 from sandlot.config import API_KEY_ENV, Config
+from sandlot.errors import SandlotError
+from sandlot.runtime.base import Runtime
+from sandlot.runtime.registry import runtime_class
 
 log = logging.getLogger("sandlot.server")
-_MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 
 
 class StartupRefused(Exception):
@@ -36,11 +38,14 @@ def _is_loopback(host: str) -> bool:
 
 
 def check_config(cfg: Config) -> None:
-    if cfg.runtime.type in ("docker", "kubernetes"):
-        raise StartupRefused(
-            f"runtime type {cfg.runtime.type!r} is not available in this sandlot yet; "
-            'use [runtime] type = "oci" (the default)'
-        )
+    try:
+        runtime_class(cfg.runtime.type)
+    except SandlotError as exc:
+        raise StartupRefused(exc.message) from exc
+    refusals = cfg.refusals()
+    if refusals:
+        raise StartupRefused("the configuration asks for what this sandlot does not do:\n  "
+                             + "\n  ".join(refusals))
     if not cfg.server.api_key:
         if not cfg.server.insecure_no_auth:
             raise StartupRefused(
@@ -55,33 +60,25 @@ def check_config(cfg: Config) -> None:
             )
 
 
-async def _open_backends(cfg: Config):  # type: ignore[no-untyped-def]
-    from sandlot.images.store import ImageStore
-    from sandlot.runtime.oci import OciRuntime
-
-    images = ImageStore(
-        root=cfg.data_dir / "images", insecure_registries=cfg.images.insecure_registries
-    )
-    runtime = await OciRuntime.open(cfg)
-    return runtime, images
+async def open_runtime(cfg: Config) -> Runtime:
+    """The backend ``[runtime] type`` names, opened (it checks the host itself)."""
+    runtime = await runtime_class(cfg.runtime.type).open(cfg)
+    caps = runtime.capabilities
+    log.info("runtime %s (isolation: %s)", runtime.name, caps.isolation)
+    return runtime
 
 
 async def _serve(cfg: Config) -> int:
     from sandlot.server.app import create_app
 
-    cfg.data_dir.mkdir(parents=True, exist_ok=True)
-    runtime, images = await _open_backends(cfg)
     try:
-        probe = runtime.execd_socket(str(uuid.UUID(int=0)))
-        if len(str(probe).encode()) > _MAX_UNIX_PATH:
-            print(
-                f"sandlot serve: data dir {cfg.data_dir} is too long: sandbox sockets such as "
-                f"{probe} exceed the {_MAX_UNIX_PATH}-byte unix socket limit; use a shorter "
-                "--data-dir",
-                file=sys.stderr,
-            )
-            return 2
-        app = create_app(cfg, runtime, images)
+        datadir.prepare(cfg.data_dir)
+        runtime = await open_runtime(cfg)
+    except SandlotError as exc:
+        print(f"sandlot serve: {exc.message}", file=sys.stderr)
+        return 2
+    try:
+        app = create_app(cfg, runtime)
         server = uvicorn.Server(
             uvicorn.Config(
                 app,
@@ -104,11 +101,6 @@ async def _serve(cfg: Config) -> int:
         return 0 if server.started else 1
     finally:
         await runtime.close()
-        close = getattr(images, "close", None)
-        if close is not None:
-            result = close()
-            if asyncio.iscoroutine(result):
-                await result
 
 
 def _after_shutdown(signum: int, frame: object) -> None:
@@ -124,6 +116,8 @@ def run_server(cfg: Config) -> int:
     except StartupRefused as exc:
         print(f"sandlot serve: {exc}", file=sys.stderr)
         return 2
+    for warning in cfg.warnings():
+        log.warning("config: %s", warning)
     try:
         import uvloop
 

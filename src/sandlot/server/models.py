@@ -24,13 +24,17 @@ def utcnow() -> datetime:
 
 @dataclass
 class SandboxRecord:
-    """One sandbox as the store keeps it. Secrets (image auth, env) are never persisted."""
+    """One sandbox as the store keeps it. Secrets (image auth, env) are never persisted.
+
+    ``execd_token`` is None for tokens derived from the server secret (``tokens.py``); only
+    sandboxes made by an older sandlot carry their random token here.
+    """
 
     id: str
     state: SandboxState
     image_uri: str
     entrypoint: list[str]
-    execd_token: str
+    execd_token: str | None
     created_at: datetime
     last_transition_at: datetime
     updated_at: datetime

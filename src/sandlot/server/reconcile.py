@@ -36,14 +36,14 @@ async def reconcile(svc: SandboxService) -> None:
             await _finish_delete(svc, rec, rec.reason or "user_delete")
             continue
         if rec.expires_at is not None and rec.expires_at <= now:
-            rec.transition(SandboxState.STOPPING, "ttl_expiry", "expired while the server was down")
-            await svc.store.save(rec)
+            await svc.set_state(rec, SandboxState.STOPPING, "ttl_expiry",
+                                "expired while the server was down")
             await _finish_delete(svc, rec, "ttl_expiry")
             continue
         if rec.state == SandboxState.PENDING:
             with contextlib.suppress(Exception):
                 await svc.runtime.delete(rec.id)
-            await svc._set(
+            await svc.set_state(
                 rec,
                 SandboxState.FAILED,
                 "ProvisioningInterrupted",
@@ -53,12 +53,12 @@ async def reconcile(svc: SandboxService) -> None:
             info = await svc.runtime.inspect(rec.id)
             if info.state == ContainerState.RUNNING:
                 if rec.state != SandboxState.RUNNING:
-                    await svc._set(rec, SandboxState.RUNNING, "Reconciled", "found running")
+                    await svc.set_state(rec, SandboxState.RUNNING, "Reconciled", "found running")
             elif info.state == ContainerState.PAUSED:
                 if rec.state != SandboxState.PAUSED:
-                    await svc._set(rec, SandboxState.PAUSED, "Reconciled", "found paused")
+                    await svc.set_state(rec, SandboxState.PAUSED, "Reconciled", "found paused")
             elif info.state == ContainerState.MISSING:
-                await svc._set(
+                await svc.set_state(
                     rec,
                     SandboxState.FAILED,
                     "ContainerVanished",
@@ -68,7 +68,7 @@ async def reconcile(svc: SandboxService) -> None:
                 with contextlib.suppress(Exception):
                     await svc.runtime.delete(rec.id)
                 code = f" (exit code {info.exit_code})" if info.exit_code is not None else ""
-                await svc._set(
+                await svc.set_state(
                     rec,
                     SandboxState.FAILED,
                     "ContainerExited",
@@ -85,7 +85,7 @@ async def reconcile(svc: SandboxService) -> None:
             log.exception("could not delete orphaned container %s", orphan)
 
     for (sandbox_id, port), host_port in (await svc.store.endpoint_ports()).items():
-        live = svc._records.get(sandbox_id)
+        live = svc.record(sandbox_id)
         if live is None or live.state not in _LIVE_STATES:
             continue
         try:
@@ -96,6 +96,6 @@ async def reconcile(svc: SandboxService) -> None:
 
 async def _finish_delete(svc: SandboxService, rec: SandboxRecord, reason: str) -> None:
     try:
-        await svc._terminate(rec, reason)
+        await svc.terminate(rec, reason)
     except Exception:  # recorded as Failed/DeleteFailed by _terminate; keep starting up
         log.exception("could not finish deleting %s", rec.id)

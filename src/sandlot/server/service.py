@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import platform as host_platform
-import secrets
+import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from sandlot.config import Config
 from sandlot.errors import (
@@ -28,15 +27,16 @@ from sandlot.errors import (
     SandlotError,
     Unsupported,
 )
-from sandlot.images.model import Image, RegistryAuth
-from sandlot.runtime.base import Runtime, SandboxSpec
+from sandlot.runtime import execd_client
+from sandlot.runtime.base import ImageRef, RegistryAuth, Runtime, SandboxSpec
+from sandlot.server import spec_parts
 from sandlot.server.api.schemas import CreateSandboxRequest
 from sandlot.server.endpoints import EndpointForwarder
-from sandlot.server.execd_probe import EXECD_TOKEN_HEADER, wait_for_execd
 from sandlot.server.expiry import ExpiryScheduler
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
 from sandlot.server.quantity import parse_cpu, parse_memory
 from sandlot.server.store import SandboxStore
+from sandlot.server.tokens import ExecdTokens
 
 EXPIRY_RETRY = 30.0  # seconds before a failed expiry is tried again
 
@@ -54,16 +54,6 @@ SDK_EGRESS_PORT = 18080
 RENEW_ON_ACCESS_KEY = "access.renew.extend.seconds"
 _RENEW_ON_ACCESS_EVERY = 5.0  # seconds between persisted renewals of one sandbox
 EXECD_READY_TIMEOUT = 60.0
-_ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
-
-
-class ImageSource(Protocol):
-    """What the service needs from the image store."""
-
-    def get(self, name: str) -> Image | None: ...
-
-    async def pull(self, name: str, auth: RegistryAuth | None = None, progress: Any = None) -> Any:
-        ...
 
 
 @dataclass
@@ -84,14 +74,14 @@ class Page:
 
 class SandboxService:
     def __init__(
-        self, cfg: Config, runtime: Runtime, images: ImageSource, store: SandboxStore
+        self, cfg: Config, runtime: Runtime, store: SandboxStore, tokens: ExecdTokens
     ) -> None:
         self.cfg = cfg
         self.runtime = runtime
-        self.images = images
         self.store = store
+        self.tokens = tokens
         self.expiry = ExpiryScheduler(self._expire)
-        self.forwarder = EndpointForwarder(_bind_host(cfg.server.host), self._connect)
+        self.forwarder = EndpointForwarder(_bind_host(cfg.server.host), self.connect)
         self._records: dict[str, SandboxRecord] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._provisioning: dict[str, asyncio.Task[None]] = {}
@@ -111,15 +101,11 @@ class SandboxService:
         await self._prewarm()
 
     async def _prewarm(self) -> None:
-        """Ask the runtime to keep warm sandboxes of the pooled images that are stored here."""
+        """Ask the runtime to keep warm sandboxes of the pooled images (if it can)."""
         if self.cfg.runtime.warm_pool_size <= 0:
             return
         for name in self.cfg.runtime.warm_pool_images:
-            image = self.images.get(name)
-            if image is None:
-                log.info("warm pool: image %s is not stored here; not prewarming it", name)
-                continue
-            await self.runtime.prewarm(image)
+            await self.runtime.prewarm(ImageRef(name))
 
     async def stop(self) -> None:
         """Stop serving; sandboxes keep running and are picked up by the next start."""
@@ -137,6 +123,10 @@ class SandboxService:
         if rec is None or rec.state == SandboxState.TERMINATED:
             raise NotFound(f"sandbox {sandbox_id} not found", code="SANDBOX_NOT_FOUND")
         return rec
+
+    def record(self, sandbox_id: str) -> SandboxRecord | None:
+        """The live record, whatever its state (None when unknown)."""
+        return self._records.get(sandbox_id)
 
     def records(self) -> list[SandboxRecord]:
         return list(self._records.values())
@@ -176,7 +166,7 @@ class SandboxService:
             message="sandbox accepted; resolving image",
             image_uri=req.image.uri,
             entrypoint=list(req.entrypoint or KEEP_ALIVE),
-            execd_token=secrets.token_urlsafe(32),
+            execd_token=None,  # derived from the server secret: see execd_token()
             created_at=now,
             last_transition_at=now,
             updated_at=now,
@@ -197,8 +187,9 @@ class SandboxService:
         wait = self.cfg.server.create_wait_seconds
         if wait <= 0:  # answered at once, as Pending: stored before the answer names it
             await self.store.save(rec)
-        spec_parts = {"env": dict(req.env), "cpu": cpu, "memory": memory, "auth": auth}
-        task = asyncio.create_task(self._provision(rec, spec_parts))
+        parts = {"env": dict(req.env), "cpu": cpu, "memory": memory, "auth": auth,
+                 "volumes": spec_parts.volume_specs(req.volumes)}
+        task = asyncio.create_task(self._provision(rec, parts))
         self._provisioning[rec.id] = task
         task.add_done_callback(self._provisioned)
         # Answer with Running when the sandbox comes up quickly (cached image, warm pool), so
@@ -234,8 +225,20 @@ class SandboxService:
                 f"timeout {req.timeout}s exceeds the maximum sandbox timeout of {limit}s "
                 "(server.max_sandbox_timeout_seconds)"
             )
-        if req.volumes:
-            raise Unsupported("volumes are not supported by the oci runtime yet")
+        caps = self.runtime.capabilities
+        for volume in req.volumes or []:
+            kind = spec_parts.volume_kind(volume)
+            if kind not in caps.volume_kinds:
+                offered = ", ".join(sorted(caps.volume_kinds)) or "none"
+                raise Unsupported(
+                    f"{kind} volumes are not supported by the {self.runtime.name} runtime "
+                    f"(volume kinds it supports: {offered})"
+                )
+        if req.network_policy is not None and not caps.network_policy:
+            raise Unsupported(
+                f"networkPolicy is not supported by the {self.runtime.name} runtime: it "
+                "cannot restrict egress, and a policy it cannot enforce is refused"
+            )
         if req.credential_proxy and req.credential_proxy.get("enabled"):
             raise Unsupported("the credential proxy is not supported by this server")
         if req.lifecycle and (req.lifecycle.get("preStart") or req.lifecycle.get("periodic")):
@@ -247,36 +250,50 @@ class SandboxService:
                 f"from 300 to 86400, got {renew!r}"
             )
         gpu = req.resource_limits.get("gpu")
-        if gpu not in (None, "", "0"):
-            raise Unsupported("GPU resources are not supported by the oci runtime")
-        if req.platform is not None:
-            want_arch = _ARCHES.get(host_platform.machine(), host_platform.machine())
-            if req.platform.os != "linux" or req.platform.arch != want_arch:
+        if gpu not in (None, "", "0") and not caps.gpu:
+            raise Unsupported(f"GPU resources are not supported by the {self.runtime.name} "
+                              "runtime")
+        if req.platform is not None and caps.platforms:
+            wanted = f"{req.platform.os}/{req.platform.arch}"
+            if wanted not in caps.platforms:
                 raise InvalidRequest(
-                    f"platform {req.platform.os}/{req.platform.arch} cannot be satisfied: "
-                    f"this host runs linux/{want_arch}"
+                    f"platform {wanted} cannot be satisfied: the {self.runtime.name} runtime "
+                    f"runs {', '.join(sorted(caps.platforms))}"
                 )
 
     async def _provision(self, rec: SandboxRecord, parts: dict[str, Any]) -> None:
+        async def progress(reason: str, message: str) -> None:
+            if reason == "Starting":
+                # In memory only: a crash now leaves the stored Pending record, which restart
+                # reconciliation resolves either way; one store write less per create.
+                rec.transition(SandboxState.PENDING, reason, message)
+            else:
+                await self.set_state(rec, SandboxState.PENDING, reason, message)
+
+        token = self.execd_token(rec)
         try:
-            image = await self._resolve_image(rec, parts["auth"])
+            platform = rec.platform
             spec = SandboxSpec(
                 sandbox_id=rec.id,
-                image=image,
+                image=ImageRef(
+                    rec.image_uri, parts["auth"],
+                    f"{platform['os']}/{platform['arch']}" if platform else None,
+                ),
                 entrypoint=[] if rec.entrypoint in IDLE_ENTRYPOINTS else rec.entrypoint,
                 env=parts["env"],
                 cpu_cores=parts["cpu"],
                 memory_bytes=parts["memory"],
                 pids_limit=self.cfg.runtime.pids_limit,
-                execd_token=rec.execd_token,
+                execd_token=token,
+                volumes=parts["volumes"],
+                network_policy=spec_parts.network_policy(rec.network_policy),
+                extensions=dict(rec.extensions),
             )
-            # In memory only: a crash now leaves the stored Pending record, which restart
-            # reconciliation resolves either way; one store write less per create.
-            rec.transition(SandboxState.PENDING, "Starting", "starting the container")
-            execd_answered = await self.runtime.create(spec)
-            if not execd_answered:
-                await wait_for_execd(
-                    self.runtime.execd_socket(rec.id), rec.execd_token, EXECD_READY_TIMEOUT
+            created = await self.runtime.create(spec, progress)
+            if not created.execd_ready:
+                port = self.cfg.execd.port
+                await execd_client.wait_ready(
+                    lambda: self.runtime.connect(rec.id, port), token, EXECD_READY_TIMEOUT
                 )
         except asyncio.CancelledError:
             raise
@@ -301,34 +318,22 @@ class SandboxService:
                   for port in (self.cfg.execd.port, SDK_EGRESS_PORT)),
             )
 
-    async def _resolve_image(self, rec: SandboxRecord, auth: RegistryAuth | None) -> Image:
-        image = self.images.get(rec.image_uri)
-        if image is not None:
-            return image
-        await self._set(rec, SandboxState.PENDING, "Pulling", f"pulling image {rec.image_uri}")
-        pulled = await self.images.pull(rec.image_uri, auth, None)
-        if isinstance(pulled, Image):
-            return pulled
-        image = self.images.get(rec.image_uri)
-        if image is None:
-            raise ImageNotFound(f"image {rec.image_uri} is not available after pulling it")
-        return image
-
     async def _fail_provisioning(self, rec: SandboxRecord, reason: str, message: str) -> None:
         # Leave nothing behind: the record stays (Failed, with why), the container goes.
         with contextlib.suppress(Exception):
             await self.runtime.delete(rec.id)
         if rec.state == SandboxState.PENDING:
-            await self._set(rec, SandboxState.FAILED, reason, message)
+            await self.set_state(rec, SandboxState.FAILED, reason, message)
 
     # ----- state changes ---------------------------------------------------------------
 
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
         return self._locks.setdefault(sandbox_id, asyncio.Lock())
 
-    async def _set(
+    async def set_state(
         self, rec: SandboxRecord, state: SandboxState, reason: str | None, message: str | None
     ) -> None:
+        """Move ``rec`` to ``state`` and store it (also used by restart reconciliation)."""
         rec.transition(state, reason, message)
         await self.store.save(rec)
 
@@ -341,17 +346,18 @@ class SandboxService:
         async with self._lock(sandbox_id):
             if rec.state in (SandboxState.STOPPING, SandboxState.TERMINATED):
                 raise Conflict(f"sandbox {sandbox_id} is already {rec.state.value}")
-            await self._set(rec, SandboxState.STOPPING, reason, "terminating the sandbox")
-            await self._terminate(rec, reason)
+            await self.set_state(rec, SandboxState.STOPPING, reason, "terminating the sandbox")
+            await self.terminate(rec, reason)
 
-    async def _terminate(self, rec: SandboxRecord, reason: str) -> None:
+    async def terminate(self, rec: SandboxRecord, reason: str) -> None:
+        """Delete the container, then the record; a failed delete leaves it Failed."""
         self.expiry.cancel(rec.id)
         await self.forwarder.close_sandbox(rec.id)
         try:
             await self.runtime.delete(rec.id)
         except Exception as exc:
             log.exception("deleting %s failed", rec.id)
-            await self._set(rec, SandboxState.FAILED, "DeleteFailed", str(exc))
+            await self.set_state(rec, SandboxState.FAILED, "DeleteFailed", str(exc))
             raise
         rec.transition(SandboxState.TERMINATED, reason, "sandbox terminated")
         await self.store.delete(rec.id)
@@ -387,13 +393,13 @@ class SandboxService:
                     "be paused",
                     code="SANDBOX_STATE_CONFLICT",
                 )
-            await self._set(rec, SandboxState.PAUSING, "user_pause", "freezing processes")
+            await self.set_state(rec, SandboxState.PAUSING, "user_pause", "freezing processes")
             try:
                 await self.runtime.pause(sandbox_id)
             except Exception:
-                await self._set(rec, SandboxState.RUNNING, "PauseFailed", "pause failed")
+                await self.set_state(rec, SandboxState.RUNNING, "PauseFailed", "pause failed")
                 raise
-            await self._set(rec, SandboxState.PAUSED, "user_pause", "processes frozen")
+            await self.set_state(rec, SandboxState.PAUSED, "user_pause", "processes frozen")
 
     async def resume(self, sandbox_id: str) -> None:
         rec = self.get(sandbox_id)
@@ -404,13 +410,13 @@ class SandboxService:
                     "be resumed",
                     code="SANDBOX_STATE_CONFLICT",
                 )
-            await self._set(rec, SandboxState.RESUMING, "user_resume", "thawing processes")
+            await self.set_state(rec, SandboxState.RESUMING, "user_resume", "thawing processes")
             try:
                 await self.runtime.resume(sandbox_id)
             except Exception:
-                await self._set(rec, SandboxState.PAUSED, "ResumeFailed", "resume failed")
+                await self.set_state(rec, SandboxState.PAUSED, "ResumeFailed", "resume failed")
                 raise
-            await self._set(rec, SandboxState.RUNNING, "user_resume", "processes running")
+            await self.set_state(rec, SandboxState.RUNNING, "user_resume", "processes running")
 
     async def renew(self, sandbox_id: str, expires_at: datetime) -> SandboxRecord:
         rec = self.get(sandbox_id)
@@ -487,7 +493,7 @@ class SandboxService:
             )
         headers: dict[str, str] = {}
         if port == self.cfg.execd.port:
-            headers[EXECD_TOKEN_HEADER] = rec.execd_token
+            headers[execd_client.TOKEN_HEADER] = self.execd_token(rec)
         if use_server_proxy:
             url = f"{server_authority}/v1/sandboxes/{sandbox_id}/proxy/{port}"
         else:
@@ -508,12 +514,13 @@ class SandboxService:
         await self.store.save_endpoint(sandbox_id, port, host_port)
         return host_port
 
-    async def _connect(
-        self, sandbox_id: str, port: int
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if port == self.cfg.execd.port:
-            return await asyncio.open_unix_connection(str(self.runtime.execd_socket(sandbox_id)))
-        return await self.runtime.open_connection(sandbox_id, port)
+    def execd_token(self, rec: SandboxRecord) -> str:
+        """The sandbox's execd token: derived, or the one stored by an older sandlot."""
+        return rec.execd_token or self.tokens.token(rec.id)
+
+    async def connect(self, sandbox_id: str, port: int) -> socket.socket:
+        """A connected socket to ``port`` in the sandbox (the runtime's, the only way in)."""
+        return await self.runtime.connect(sandbox_id, port)
 
 
 def _bind_host(host: str) -> str:

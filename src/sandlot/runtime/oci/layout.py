@@ -39,11 +39,6 @@ class SandboxPaths:
         return self.root / "work"
 
     @property
-    def run_dir(self) -> Path:
-        """Bind-mounted at /run/sandlot inside: the execd socket and the entrypoint log."""
-        return self.root / "run"
-
-    @property
     def etc(self) -> Path:
         """Generated files bind-mounted over the image's (hosts, hostname)."""
         return self.root / "etc"

@@ -81,11 +81,8 @@ class NetnsConnector:
                 except OSError:
                     os.abort()
 
-    async def open_connection(
-        self, ns: Path, port: int
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if not ns.exists():
-            raise FileNotFoundError(str(ns))
+    async def connect(self, ns: Path, port: int) -> socket.socket:
+        """A non-blocking TCP socket made in ``ns`` and connected to its ``127.0.0.1:port``."""
         loop = asyncio.get_running_loop()
         sock = await loop.run_in_executor(self._pool, self._socket_in, ns)
         try:
@@ -94,7 +91,7 @@ class NetnsConnector:
         except BaseException:
             sock.close()
             raise
-        return await asyncio.open_connection(sock=sock)
+        return sock
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

@@ -7,15 +7,14 @@ can have (sandbox ids start with a letter or digit), so pool containers are neve
 as sandboxes. Claiming one maps the sandbox id to it (a file under ``data_dir/pool/claims``,
 so the mapping survives a restart); the container keeps its id, paths and netns.
 
-This module holds the pool's bookkeeping, its on-disk claims and the claim call to execd;
-``OciRuntime`` does the container work.
+This module holds the pool's bookkeeping and its on-disk claims; ``OciRuntime`` does the
+container work (and the claim call, through ``execd_client``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -30,7 +29,6 @@ log = logging.getLogger(__name__)
 
 POOL_PREFIX = "_pool-"
 REFILL_DELAY = 0.25  # seconds between a claim and the refill it triggers
-CLAIM_PATH = "/_sandlot/claim"
 READY_TIMEOUT = 30.0
 # Consecutive failed warm creates after which a fill gives up until the next prewarm/claim.
 MAX_FAILURES = 3
@@ -82,60 +80,6 @@ class ClaimStore:
     def remove(self, sandbox_id: str) -> None:
         (self.root / sandbox_id).unlink(missing_ok=True)
         self._map.pop(sandbox_id, None)
-
-
-async def _http_unix(
-    sock: Path, method: str, path: str, body: bytes | None, token: str | None, timeout: float
-) -> tuple[int, bytes]:
-    """One HTTP/1.1 request over a unix socket (no client library on the claim path)."""
-    reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(sock)), timeout)
-    try:
-        head = [f"{method} {path} HTTP/1.1", "Host: execd", "Connection: close"]
-        if token:
-            head.append(f"X-EXECD-ACCESS-TOKEN: {token}")
-        if body is not None:
-            head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + (body or b""))
-        raw = await asyncio.wait_for(reader.read(), timeout)
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-    status_line, _, rest = raw.partition(b"\r\n")
-    parts = status_line.split()
-    if len(parts) < 2 or not parts[1].isdigit():
-        raise ConnectionError(f"execd answered no HTTP status: {raw[:100]!r}")
-    return int(parts[1]), rest.partition(b"\r\n\r\n")[2]
-
-
-async def ping(sock: Path, timeout: float = 2.0) -> bool:
-    try:
-        status, _ = await _http_unix(sock, "GET", "/ping", None, None, timeout)
-    except (OSError, ConnectionError, TimeoutError):
-        return False
-    return status == 200
-
-
-async def wait_ping(sock: Path, timeout: float = READY_TIMEOUT) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    delay = 0.005
-    while not (sock.exists() and await ping(sock)):
-        if loop.time() > deadline:
-            raise TimeoutError(f"pooled execd did not answer /ping within {timeout:.0f}s")
-        await asyncio.sleep(delay)
-        delay = min(delay * 1.5, 0.05)
-
-
-async def claim(
-    sock: Path, pool_token: str, *, env: dict[str, str], token: str | None,
-    entrypoint: list[str], timeout: float = 5.0,
-) -> None:
-    """Hand the warm execd its sandbox: environment, access token, entrypoint."""
-    body = json.dumps({"env": env, "token": token, "entrypoint": entrypoint}).encode()
-    status, answer = await _http_unix(sock, "POST", CLAIM_PATH, body, pool_token, timeout)
-    if status != 200:
-        raise ConnectionError(f"execd refused the claim: HTTP {status} {answer[:200]!r}")
 
 
 class WarmPool:

@@ -1,10 +1,15 @@
 """``OciRuntime``: sandboxes as OCI containers driven through runc, with no daemon.
 
 Everything a sandbox owns lives under ``data_dir/sandboxes/<id>/`` (bundle, overlay upper and
-work dirs, the execd socket, logs) plus its runc state under ``data_dir/runc``, its network
+work dirs, logs) plus its runc state under ``data_dir/runc``, its network
 namespace ``/run/netns/sandlot-<hash>`` and its cgroups ``.../sandlot/<id>``. Containers are
 started detached with their stdio in files, so they survive a restart (or ``kill -9``) of
 the server, and ``list_ids`` finds them again from runc's state directory.
+
+execd listens on TCP on the loopback of the sandbox's network namespace; ``connect`` makes a
+socket inside that namespace (setns on a worker thread), so no host path the sandbox can
+write is ever followed. Images are resolved here, from the local image store (pulled into it
+when missing).
 
 With a warm pool (``oci/pool.py``) a sandbox may run in a container named ``_pool-<hex>``:
 every public method takes the sandbox id and resolves it to its container id first.
@@ -21,13 +26,25 @@ import os
 import re
 import secrets
 import shutil
+import socket
 from collections import defaultdict
 from pathlib import Path
+from typing import Any, Protocol
 
 from sandlot.config import Config
-from sandlot.errors import Conflict, InvalidRequest, NotFound, RuntimeFailure
-from sandlot.images.model import Image
-from sandlot.runtime.base import ContainerInfo, ContainerState, SandboxSpec
+from sandlot.errors import Conflict, ImageNotFound, InvalidRequest, NotFound, RuntimeFailure
+from sandlot.images.model import Image, RegistryAuth
+from sandlot.runtime import execd_client
+from sandlot.runtime.base import (
+    ContainerInfo,
+    ContainerState,
+    CreateResult,
+    ImageRef,
+    Progress,
+    Runtime,
+    RuntimeCapabilities,
+    SandboxSpec,
+)
 from sandlot.runtime.execd_bundle import ExecdBundle, ensure_bundle
 from sandlot.runtime.oci import cgroups, claimops, mounts, netns, pool
 from sandlot.runtime.oci import spec as ocispec
@@ -35,6 +52,17 @@ from sandlot.runtime.oci.layout import SandboxPaths, netns_name
 from sandlot.runtime.oci.runc import Runc
 
 log = logging.getLogger(__name__)
+_ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+HOST_PLATFORM = "linux/" + _ARCHES.get(os.uname().machine, os.uname().machine)
+
+
+class ImageSource(Protocol):
+    """What the runtime needs of an image store (``ImageStore``; tests pass their own)."""
+
+    def get(self, name: str) -> Image | None: ...
+
+    async def pull(self, name: str, auth: RegistryAuth | None = None,
+                   progress: Any = None) -> Any: ...
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _STATES = {
@@ -64,7 +92,7 @@ def _swap_limit_supported() -> bool:
     return Path("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists()
 
 
-class OciRuntime:
+class OciRuntime(Runtime):
     """The default runtime backend (see module docstring)."""
 
     name = "oci"
@@ -77,8 +105,16 @@ class OciRuntime:
         pids_limit: int,
         warm_pool_size: int = 0,
         warm_pool_images: list[str] | None = None,
+        *,
+        images: ImageSource,
+        execd_port: int = execd_client.DEFAULT_PORT,
     ) -> None:
         self.data_dir = data_dir
+        self.images = images
+        self.execd_port = execd_port
+        self.capabilities = RuntimeCapabilities(
+            pause=True, isolation=Path(binary).name, platforms=frozenset({HOST_PLATFORM}),
+        )
         self.runc = Runc(binary, data_dir / "runc")
         self.bundle = bundle
         self.pids_limit = pids_limit
@@ -92,8 +128,11 @@ class OciRuntime:
         self._pool_lock_fd: int | None = None
 
     @classmethod
-    async def open(cls, cfg: Config) -> OciRuntime:
-        """Check the host, build (or reuse) the execd bundle, and return the runtime."""
+    async def open(cls, cfg: Config, images: ImageSource | None = None) -> OciRuntime:
+        """Check the host, build (or reuse) the execd bundle, and return the runtime.
+
+        ``images`` defaults to the image store in ``data_dir/images``.
+        """
         binary = default_binary(cfg)
         resolved = shutil.which(binary)
         if resolved is None:
@@ -105,8 +144,14 @@ class OciRuntime:
             (data_dir / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(data_dir / "runc", 0o700)
         bundle = await asyncio.to_thread(ensure_bundle, data_dir / "execd-bundle")
+        if images is None:
+            from sandlot.images.store import ImageStore
+
+            images = ImageStore(root=data_dir / "images",
+                                insecure_registries=cfg.images.insecure_registries)
         rt = cls(data_dir, resolved, bundle, cfg.runtime.pids_limit,
-                 cfg.runtime.warm_pool_size, cfg.runtime.warm_pool_images)
+                 cfg.runtime.warm_pool_size, cfg.runtime.warm_pool_images,
+                 images=images, execd_port=cfg.execd.port)
         if rt._own_pool_dir():
             await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
         return rt
@@ -136,23 +181,45 @@ class OciRuntime:
     def paths(self, sandbox_id: str) -> SandboxPaths:
         return SandboxPaths.of(self.data_dir, self.container_id(sandbox_id))
 
-    def execd_socket(self, sandbox_id: str) -> Path:
-        return self.paths(sandbox_id).run_dir / "execd.sock"
+    # -- images -------------------------------------------------------------------------
+
+    async def resolve_image(self, ref: ImageRef, progress: Progress | None = None) -> Image:
+        """The local image for ``ref``, pulled (with its credentials) when not stored."""
+        if ref.platform is not None and ref.platform != HOST_PLATFORM:
+            raise InvalidRequest(f"platform {ref.platform} cannot be satisfied: this host runs "
+                                 f"{HOST_PLATFORM}")
+        image = self.images.get(ref.reference)
+        if image is not None:
+            return image
+        if progress is not None:
+            await progress("Pulling", f"pulling image {ref.reference}")
+        pulled = await self.images.pull(ref.reference, ref.auth, None)
+        if isinstance(pulled, Image):
+            return pulled
+        image = self.images.get(ref.reference)
+        if image is None:
+            raise ImageNotFound(f"image {ref.reference} is not available after pulling it")
+        return image
 
     # -- create -------------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec) -> bool:
+    async def create(self, spec: SandboxSpec, progress: Progress | None = None) -> CreateResult:
         _check_id(spec.sandbox_id)
+        if spec.volumes:
+            raise InvalidRequest("volumes are not supported by the oci runtime yet")
+        image = await self.resolve_image(spec.image, progress)
+        if progress is not None:
+            await progress("Starting", "starting the container")
         async with self._locks[spec.sandbox_id]:
             p = SandboxPaths.of(self.data_dir, spec.sandbox_id)
             if (p.root.exists() or (self.runc.root / spec.sandbox_id).exists()
                     or self.claims.get(spec.sandbox_id)):
                 raise Conflict(f"sandbox {spec.sandbox_id} already exists")
-            warm = self.pool.take(spec.image)
-            if warm is not None and await self._claim(spec, warm):
-                return True  # its execd has just answered the claim
+            warm = self.pool.take(image)
+            if warm is not None and await self._claim(spec, image, warm):
+                return CreateResult(execd_ready=True)  # its execd has just answered the claim
             try:
-                await self._create(spec, p)
+                await self._create(spec, image, p)
             except BaseException as exc:
                 with contextlib.suppress(Exception):
                     await self._teardown(spec.sandbox_id)
@@ -161,10 +228,12 @@ class OciRuntime:
                 if isinstance(exc, Exception):
                     raise RuntimeFailure(f"cannot start sandbox {spec.sandbox_id}: {exc}") from exc
                 raise
-            return False
+            return CreateResult(execd_ready=False)
 
-    async def _create(self, spec: SandboxSpec, p: SandboxPaths, pooled: bool = False) -> None:
-        for d in (p.rootfs, p.upper, p.work, p.run_dir, p.etc):
+    async def _create(
+        self, spec: SandboxSpec, image: Image, p: SandboxPaths, pooled: bool = False
+    ) -> None:
+        for d in (p.rootfs, p.upper, p.work, p.etc):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(p.root, 0o700)  # the upper dir holds the workload's files
         (p.upper / ocispec.WORKSPACE.lstrip("/")).mkdir(mode=0o755, exist_ok=True)
@@ -174,11 +243,11 @@ class OciRuntime:
             f"127.0.0.1\tlocalhost {host}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
         )
         ns = await netns.create_netns(netns_name(spec.sandbox_id))
-        mounts.mount_overlay(list(spec.image.lower_dirs), p.upper, p.work, p.rootfs)
+        mounts.mount_overlay(list(image.lower_dirs), p.upper, p.work, p.rootfs)
         limited = SandboxSpec(**{**spec.__dict__, "pids_limit": min(spec.pids_limit,
                                                                    self.pids_limit)})
-        config = ocispec.build_config(limited, self.bundle, netns=ns, run_dir=p.run_dir,
-                                      etc_dir=p.etc, swap_limit=self._swap)
+        config = ocispec.build_config(limited, image, self.bundle, netns=ns, etc_dir=p.etc,
+                                      swap_limit=self._swap, execd_port=self.execd_port)
         if pooled:
             args = config["process"]["args"]
             args.insert(args.index("sandlot.execd") + 1, "--pooled")
@@ -265,14 +334,20 @@ class OciRuntime:
             ids |= {d.name for d in sb.iterdir() if d.is_dir()}
         return ids
 
-    async def open_connection(
-        self, sandbox_id: str, port: int
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def connect(self, sandbox_id: str, port: int) -> socket.socket:
         _check_id(sandbox_id)
-        ns = netns.netns_path(netns_name(self.container_id(sandbox_id)))
+        return await self._connect_container(self.container_id(sandbox_id), port)
+
+    async def _connect_container(self, container_id: str, port: int) -> socket.socket:
+        if not 0 < port < 65536:
+            raise InvalidRequest(f"port {port} is out of range (1-65535)")
+        ns = netns.netns_path(netns_name(container_id))
         if not ns.exists():
-            raise NotFound(f"sandbox {sandbox_id} not found")
-        return await self._connector.open_connection(ns, port)
+            raise NotFound(f"sandbox {container_id} not found")
+        return await self._connector.connect(ns, port)
+
+    def _execd_connect(self, container_id: str) -> execd_client.Connect:
+        return lambda: self._connect_container(container_id, self.execd_port)
 
     async def close(self) -> None:
         """Stop refilling and delete the unclaimed warm containers (a start re-creates them)."""
@@ -284,12 +359,18 @@ class OciRuntime:
 
     # -- warm pool ----------------------------------------------------------------------
 
-    async def prewarm(self, image: Image) -> None:
-        """Start keeping warm containers of ``image`` (no-op unless it is a pooled image).
+    async def prewarm(self, image: ImageRef) -> None:
+        """Start keeping warm containers of ``image`` (no-op unless it is a pooled image
+        stored here: prewarming never pulls).
 
         Returns at once; the pool fills in the background, one create at a time.
         """
-        self.pool.prewarm(image)
+        local = self.images.get(image.reference)
+        if local is None:
+            log.info("warm pool: image %s is not stored here; not prewarming it",
+                     image.reference)
+            return
+        self.pool.prewarm(local)
 
     async def drain_pool(self) -> None:
         for cid in await self.pool.stop():
@@ -315,19 +396,19 @@ class OciRuntime:
         cid = pool.new_pool_id()
         self._made_warm.add(cid)
         token = secrets.token_urlsafe(24)
-        spec = SandboxSpec(sandbox_id=cid, image=image, entrypoint=[],
+        spec = SandboxSpec(sandbox_id=cid, image=ImageRef(image.name), entrypoint=[],
                            pids_limit=self.pids_limit, execd_token=token)
         p = SandboxPaths.of(self.data_dir, cid)
         try:
-            await self._create(spec, p, pooled=True)
-            await pool.wait_ping(p.run_dir / "execd.sock")
+            await self._create(spec, image, p, pooled=True)
+            await execd_client.wait_ready(self._execd_connect(cid), None, pool.READY_TIMEOUT)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._teardown(cid)
             raise
         return pool.Warm(cid, token, image.id)
 
-    async def _claim(self, spec: SandboxSpec, warm: pool.Warm) -> bool:
+    async def _claim(self, spec: SandboxSpec, image: Image, warm: pool.Warm) -> bool:
         """Give ``warm`` to ``spec``'s sandbox; False (warm container deleted) if that fails."""
         cid = warm.container_id
         p = SandboxPaths.of(self.data_dir, cid)
@@ -335,8 +416,9 @@ class OciRuntime:
         try:
             pid = claimops.init_pid(self.runc.root, cid)
             await asyncio.to_thread(self._claim_host_side, spec, cid, pid, p)
-            await pool.claim(p.run_dir / "execd.sock", warm.token, env=self._claim_env(spec),
-                             token=spec.execd_token, entrypoint=list(spec.entrypoint))
+            await execd_client.claim(self._execd_connect(cid), warm.token,
+                                     env=self._claim_env(spec, image), token=spec.execd_token,
+                                     entrypoint=list(spec.entrypoint))
         except Exception:  # noqa: BLE001 - fall back to a cold create
             log.warning("claiming warm container %s for %s failed", cid, spec.sandbox_id,
                         exc_info=True)
@@ -363,10 +445,10 @@ class OciRuntime:
             f"127.0.0.1\tlocalhost {host}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
         )
 
-    def _claim_env(self, spec: SandboxSpec) -> dict[str, str]:
+    def _claim_env(self, spec: SandboxSpec, image: Image) -> dict[str, str]:
         """What a cold create would give the workload: defaults, image env, spec env."""
         env = {"PATH": ocispec.DEFAULT_PATH, "HOME": "/root", "HOSTNAME": ocispec.hostname(spec)}
-        for item in spec.image.config.env:
+        for item in image.config.env:
             key, sep, value = item.partition("=")
             if sep:
                 env[key] = value

@@ -7,13 +7,15 @@ import resource
 from pathlib import Path
 from typing import Any
 
+from sandlot.images.model import Image
 from sandlot.runtime.base import SandboxSpec
 from sandlot.runtime.execd_bundle import ExecdBundle
 from sandlot.runtime.oci import cgroups
 from sandlot.runtime.oci.seccomp import seccomp_profile
 
+# A tmpfs of the sandbox's own (never a host directory: the server must not follow anything
+# the sandbox can write). execd listens on TCP in the sandbox's network namespace instead.
 RUN_DIR = "/run/sandlot"
-EXECD_SOCKET = f"{RUN_DIR}/execd.sock"
 ENTRYPOINT_LOG = f"{RUN_DIR}/entrypoint.log"
 WORKSPACE = "/workspace"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -42,9 +44,9 @@ MASKED_PATHS = [
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 
-def _env(spec: SandboxSpec, bundle: ExecdBundle) -> list[str]:
+def _env(spec: SandboxSpec, image: Image, bundle: ExecdBundle) -> list[str]:
     env: dict[str, str] = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": hostname(spec)}
-    for item in spec.image.config.env:
+    for item in image.config.env:
         key, sep, value = item.partition("=")
         if sep:
             env[key] = value
@@ -81,14 +83,21 @@ def hostname(spec: SandboxSpec) -> str:
     return spec.sandbox_id[:63]
 
 
-def workdir(spec: SandboxSpec) -> str:
-    return spec.image.config.working_dir or WORKSPACE
+def workdir(image: Image) -> str:
+    return image.config.working_dir or WORKSPACE
 
 
-def process_args(spec: SandboxSpec, bundle: ExecdBundle) -> list[str]:
-    """execd as PID 1, then (after ``--``) the user's entrypoint, which execd starts."""
-    args = [*bundle.python_argv(), "-m", "sandlot.execd", "--listen", f"unix:{EXECD_SOCKET}",
-            "--workdir", workdir(spec), "--entrypoint-log", ENTRYPOINT_LOG]
+def process_args(
+    spec: SandboxSpec, image: Image, bundle: ExecdBundle, execd_port: int
+) -> list[str]:
+    """execd as PID 1, then (after ``--``) the user's entrypoint, which execd starts.
+
+    execd listens on the namespace's loopback only: reachable from the host through the
+    runtime's ``connect`` and from the workload itself, never from other sandboxes.
+    """
+    args = [*bundle.python_argv(), "-m", "sandlot.execd",
+            "--listen", f"tcp:127.0.0.1:{execd_port}",
+            "--workdir", workdir(image), "--entrypoint-log", ENTRYPOINT_LOG]
     if spec.entrypoint:
         args += ["--", *spec.entrypoint]
     return args
@@ -110,7 +119,7 @@ def _resources(spec: SandboxSpec, swap_limit: bool) -> dict[str, Any]:
     return res
 
 
-def _mounts(bundle: ExecdBundle, run_dir: Path, etc_dir: Path) -> list[dict[str, Any]]:
+def _mounts(bundle: ExecdBundle, etc_dir: Path) -> list[dict[str, Any]]:
     nosuid = ["nosuid", "noexec", "nodev"]
     return [
         {"destination": "/proc", "type": "proc", "source": "proc", "options": nosuid},
@@ -126,8 +135,8 @@ def _mounts(bundle: ExecdBundle, run_dir: Path, etc_dir: Path) -> list[dict[str,
          "options": [*nosuid, "relatime", "ro"]},
         {"destination": bundle.mount_point, "type": "bind", "source": str(bundle.path),
          "options": ["bind", "ro", "nosuid", "nodev"]},
-        {"destination": RUN_DIR, "type": "bind", "source": str(run_dir),
-         "options": ["bind", "rw", "nosuid", "nodev", "noexec"]},
+        {"destination": RUN_DIR, "type": "tmpfs", "source": "tmpfs",
+         "options": [*nosuid, "mode=755", "size=65536k"]},
         {"destination": "/etc/hosts", "type": "bind", "source": str(etc_dir / "hosts"),
          "options": ["bind", "rw", "nosuid", "nodev", "noexec"]},
         {"destination": "/etc/hostname", "type": "bind", "source": str(etc_dir / "hostname"),
@@ -137,12 +146,13 @@ def _mounts(bundle: ExecdBundle, run_dir: Path, etc_dir: Path) -> list[dict[str,
 
 def build_config(
     spec: SandboxSpec,
+    image: Image,
     bundle: ExecdBundle,
     *,
     netns: Path,
-    run_dir: Path,
     etc_dir: Path,
     swap_limit: bool,
+    execd_port: int,
 ) -> dict[str, Any]:
     """The complete config.json for ``spec`` (rootfs is ``rootfs`` next to it)."""
     caps = list(CAPABILITIES)
@@ -153,9 +163,9 @@ def build_config(
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            "args": process_args(spec, bundle),
-            "env": _env(spec, bundle),
-            "cwd": workdir(spec),
+            "args": process_args(spec, image, bundle, execd_port),
+            "env": _env(spec, image, bundle),
+            "cwd": workdir(image),
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}],
             "noNewPrivileges": True,
@@ -163,7 +173,7 @@ def build_config(
         },
         "root": {"path": "rootfs", "readonly": False},
         "hostname": hostname(spec),
-        "mounts": _mounts(bundle, run_dir, etc_dir),
+        "mounts": _mounts(bundle, etc_dir),
         "linux": {
             "namespaces": [
                 {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},

@@ -1,9 +1,9 @@
 """Server proxy: ``/sandboxes/{id}/proxy/{port}/...`` forwards HTTP (streamed, so SSE works)
 and WebSockets to a port inside the sandbox.
 
-execd (``cfg.execd.port``) is reached over its unix socket; any other port through the
-sandbox's direct-endpoint listener. The caller's API key is stripped: it must never travel
-into the untrusted sandbox.
+Every port (execd's included) is reached through the runtime's ``connect``: no host path and
+no listener in between. The caller's API key is stripped: it must never travel into the
+untrusted sandbox.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from typing import Any
 
 import httpx
@@ -19,12 +20,11 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.websockets import WebSocketDisconnect
 from websockets.asyncio.client import connect as ws_connect
-from websockets.asyncio.client import unix_connect as ws_unix_connect
 from websockets.exceptions import ConnectionClosed
 
-from sandlot.errors import Conflict, SandlotError
-from sandlot.server.execd_probe import unix_socket_client
+from sandlot.errors import Conflict, InvalidRequest, SandlotError
 from sandlot.server.models import SandboxState
+from sandlot.server.sandbox_transport import SandboxTransport
 from sandlot.server.service import SandboxService
 
 log = logging.getLogger(__name__)
@@ -59,35 +59,37 @@ class UpstreamUnreachable(SandlotError):
 
 
 class ProxyClients:
-    """One pooled HTTP client per sandbox (unix socket to execd) plus one for TCP ports."""
+    """One pooled HTTP client per sandbox, connecting through the runtime to any port."""
 
     def __init__(self, svc: SandboxService):
         self.svc = svc
-        self._execd: dict[str, httpx.AsyncClient] = {}
-        self._tcp = httpx.AsyncClient(timeout=_TIMEOUT)
+        self._clients: dict[str, httpx.AsyncClient] = {}
         svc.terminate_hooks.append(self.forget)
 
-    def execd(self, sandbox_id: str) -> httpx.AsyncClient:
-        client = self._execd.get(sandbox_id)
+    def of(self, sandbox_id: str) -> httpx.AsyncClient:
+        client = self._clients.get(sandbox_id)
         if client is None:
-            client = unix_socket_client(self.svc.runtime.execd_socket(sandbox_id), _TIMEOUT)
-            self._execd[sandbox_id] = client
+            svc = self.svc
+
+            async def connect(port: int) -> socket.socket:
+                return await svc.connect(sandbox_id, port)
+
+            # No TLS and no proxies ever apply inside: nothing of either is set up (loading
+            # a CA bundle costs tens of ms).
+            client = httpx.AsyncClient(transport=SandboxTransport(connect), timeout=_TIMEOUT,
+                                       trust_env=False)
+            self._clients[sandbox_id] = client
         return client
 
-    @property
-    def tcp(self) -> httpx.AsyncClient:
-        return self._tcp
-
     async def forget(self, sandbox_id: str) -> None:
-        client = self._execd.pop(sandbox_id, None)
+        client = self._clients.pop(sandbox_id, None)
         if client is not None:
             await client.aclose()
 
     async def close(self) -> None:
-        for client in self._execd.values():
+        for client in self._clients.values():
             await client.aclose()
-        self._execd.clear()
-        await self._tcp.aclose()
+        self._clients.clear()
 
 
 def _check_reachable(svc: SandboxService, sandbox_id: str) -> None:
@@ -103,10 +105,9 @@ async def _target(request_app: Any, sandbox_id: str, port: int) -> tuple[httpx.A
     svc: SandboxService = request_app.state.service
     clients: ProxyClients = request_app.state.proxy_clients
     _check_reachable(svc, sandbox_id)
-    if port == svc.cfg.execd.port:
-        return clients.execd(sandbox_id), "http://execd"
-    host_port = await svc.open_endpoint(sandbox_id, port)
-    return clients.tcp, f"http://127.0.0.1:{host_port}"
+    if not 0 < port < 65536:
+        raise InvalidRequest(f"port {port} is out of range (1-65535)")
+    return clients.of(sandbox_id), f"http://sandbox:{port}"
 
 
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -161,22 +162,13 @@ async def proxy_websocket(websocket: WebSocket, sandbox_id: str, port: int, path
         p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p
     ]
     try:
-        if port == svc.cfg.execd.port:
-            sock = str(svc.runtime.execd_socket(sandbox_id))
-            upstream_cm = ws_unix_connect(
-                sock,
-                f"ws://execd/{path}{query}",
-                additional_headers=headers,
-                subprotocols=subprotocols or None,  # type: ignore[arg-type]
-            )
-        else:
-            host_port = await svc.open_endpoint(sandbox_id, port)
-            upstream_cm = ws_connect(
-                f"ws://127.0.0.1:{host_port}/{path}{query}",
-                additional_headers=headers,
-                subprotocols=subprotocols or None,  # type: ignore[arg-type]
-            )
-        upstream = await upstream_cm
+        sock = await svc.connect(sandbox_id, port)
+        upstream = await ws_connect(
+            f"ws://sandbox:{port}/{path}{query}",
+            sock=sock,
+            additional_headers=headers,
+            subprotocols=subprotocols or None,  # type: ignore[arg-type]
+        )
     except Exception as exc:
         log.debug("websocket upstream for %s:%s failed: %s", sandbox_id, port, exc)
         await websocket.close(code=1011, reason="sandbox port did not accept the websocket")

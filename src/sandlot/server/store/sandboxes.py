@@ -19,6 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from sandlot.datadir import private_file
 from sandlot.server.models import SandboxRecord, SandboxState
 from sandlot.server.store import tables
 from sandlot.server.store.migrations import migrate
@@ -51,7 +52,7 @@ def _row_values(rec: SandboxRecord) -> dict[str, Any]:
         "message": _opt_text(rec.message),
         "image_uri": _text(rec.image_uri),
         "entrypoint": rec.entrypoint,
-        "execd_token": rec.execd_token,
+        "execd_token": rec.execd_token or "",  # "": derived from the server secret
         "metadata": rec.metadata,
         "resource_limits": rec.resource_limits,
         "extensions": rec.extensions,
@@ -73,7 +74,7 @@ def _record(row: Any) -> SandboxRecord:
         message=m["message"],
         image_uri=m["image_uri"],
         entrypoint=list(m["entrypoint"]),
-        execd_token=m["execd_token"],
+        execd_token=m["execd_token"] or None,
         metadata=dict(m["metadata"] or {}),
         resource_limits=dict(m["resource_limits"] or {}),
         extensions=dict(m["extensions"] or {}),
@@ -204,7 +205,9 @@ class SandboxStore:
         parsed = make_url(url)
         is_sqlite = parsed.get_backend_name() == "sqlite"
         if is_sqlite and parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            Path(parsed.database).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # Root's alone before SQLite first opens it (its -wal/-shm files copy the mode).
+            private_file(Path(parsed.database))
         # Pre-ping: a server database may restart or drop idle connections under a
         # long-running sandlot; a dead pooled connection is then replaced, not reported.
         engine = create_async_engine(url, pool_pre_ping=not is_sqlite)

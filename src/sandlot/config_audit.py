@@ -1,0 +1,140 @@
+"""No silent ignoring of configuration: every key sandlot does not honour is named at start.
+
+A key is *honoured* when sandlot's config model (``sandlot.config.Config``) has a field for
+it: a backend that implements an upstream section (``[secure_runtime]``, ``[docker]``, ...)
+registers what it honours simply by adding that section's model and fields to ``Config``.
+Every other key of the file is audited here:
+
+- refused (``sandlot serve`` does not start) when ignoring it would leave sandboxes less
+  protected than the file asks: the security sections ``[secure_runtime]``, ``[egress]``,
+  ``[storage]`` and ``[ingress]``, unless the value asks for nothing (``UPSTREAM`` lists the
+  values that are inert, e.g. ``[ingress] mode = "direct"``);
+- warned about otherwise (upstream keys sandlot has no use for, typos, unknown sections).
+
+So an OpenSandbox server config file loads with warnings for what does not apply, and a
+file asking for, say, gVisor never runs sandboxes under runc without saying so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+SECURITY_SECTIONS = frozenset({"secure_runtime", "egress", "storage", "ingress"})
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How an upstream key sandlot does not implement is treated."""
+
+    security: bool  # ignoring a meaningful value weakens what the operator asked for
+    inert: tuple[Any, ...] = ()  # values that ask for nothing: accepted without a word
+    why: str = ""
+
+
+_NO_SIDECAR = "sandlot runs no egress sidecar"
+# The reference server's keys (server/opensandbox_server/config.py) that sandlot knows of but
+# does not implement (yet). Keys of the security sections not listed are refused when set.
+UPSTREAM: dict[str, dict[str, Rule]] = {
+    "server": {
+        k: Rule(False, why="uvicorn tuning of the reference server")
+        for k in ("timeout_keep_alive", "limit_concurrency", "backlog", "thread_pool_size",
+                  "loop", "http", "eip")
+    },
+    "log": {k: Rule(False, why="sandlot logs to stderr")
+            for k in ("level", "file_enabled", "file_path", "access_file_path",
+                      "file_max_bytes", "file_backup_count")},
+    "runtime": {"execd_image": Rule(False, why="sandlot bind-mounts its own execd")},
+    "store": {"type": Rule(False, inert=("sqlite",)),
+              "path": Rule(False, why="sandlot keeps its database in data_dir "
+                                      "(or [store] url)")},
+    "renew_intent": {k: Rule(False, inert=(False,) if k == "enabled" else (),
+                             why="renew-on-access is the sandbox's extensions key here")
+                     for k in ("enabled", "min_interval_seconds", "redis")},
+    "kubernetes": {}, "agent_sandbox": {},  # runtimes sandlot does not have: warned
+    "secure_runtime": {
+        "type": Rule(True, inert=("",), why="no secure runtime is implemented"),
+        "docker_runtime": Rule(True, inert=(None, "")),
+        "k8s_runtime_class": Rule(False, why="no kubernetes runtime"),
+    },
+    "egress": {
+        "image": Rule(False, why=_NO_SIDECAR),
+        "mode": Rule(True, inert=("dns",), why="egress is enforced by DNS only"),
+        "disable_ipv6": Rule(False, inert=(True,), why=_NO_SIDECAR),
+    },
+    "storage": {
+        # Host volumes are refused per request (501): an allow-list cannot widen anything.
+        "allowed_host_paths": Rule(False, why="host volumes are not supported"),
+        "volume_default_size": Rule(False, why="no PVC volumes"),
+        "ossfs_mount_root": Rule(False, why="no OSSFS volumes"),
+    },
+    "ingress": {
+        "mode": Rule(True, inert=("direct",), why="only direct ingress is implemented"),
+        "gateway": Rule(True, inert=(None, {})),
+        "secure_access": Rule(True, inert=(None, {})),
+    },
+}
+
+
+@dataclass
+class Audit:
+    warnings: list[str]
+    refusals: list[str]
+
+
+def _fields(model: type[BaseModel]) -> dict[str, Any]:
+    return dict(model.model_fields)
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():  # Optional[Model]
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def audit(raw: dict[str, Any], model: type[BaseModel]) -> Audit:
+    """Compare the file's keys with ``model`` (sandlot's ``Config``)."""
+    result = Audit([], [])
+    fields = _fields(model)
+    for section, body in raw.items():
+        field = fields.get(section)
+        sub = _submodel(field.annotation) if field is not None else None
+        if field is not None and (sub is None or not isinstance(body, dict)):
+            continue  # a top-level key sandlot honours (data_dir), or a type error pydantic reports
+        if not isinstance(body, dict):
+            result.warnings.append(f"unknown top-level key {section!r} is ignored")
+            continue
+        honoured = _fields(sub) if sub is not None else {}
+        for key, value in body.items():
+            if key in honoured:
+                continue
+            _judge(section, key, value, sub is not None, result)
+    return result
+
+
+def _judge(section: str, key: str, value: Any, section_known: bool, result: Audit) -> None:
+    name = f"[{section}] {key}"
+    rules = UPSTREAM.get(section)
+    rule = rules.get(key) if rules is not None else None
+    security = section in SECURITY_SECTIONS if rule is None else rule.security
+    if rule is not None and value in rule.inert:
+        return
+    if rule is None and rules is None and not section_known:
+        origin = "unknown section"
+    elif rule is None:
+        origin = "unknown key"
+    else:
+        origin = "not implemented by sandlot"
+    why = f" ({rule.why})" if rule is not None and rule.why else ""
+    if security:
+        result.refusals.append(
+            f"{name} = {value!r}: {origin}{why}; ignoring it would run sandboxes with less "
+            "protection than the file asks for. Remove it, or use a sandlot that implements it"
+        )
+    else:
+        result.warnings.append(f"{name} = {value!r} is ignored: {origin}{why}")

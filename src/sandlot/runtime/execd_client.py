@@ -1,0 +1,90 @@
+"""The host's small execd client: readiness probe, ``/ping`` and the warm-pool claim.
+
+It speaks over a socket from a ``Connect`` callable (a runtime's ``connect`` bound to a
+sandbox and execd's port), never over a path. The requests are written by hand on purpose:
+they sit on every create's path, where building an HTTP client costs more than the one
+request line and the status line read back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+from sandlot.execd.protocol import CLAIM_PATH, DEFAULT_PORT, PING_PATH, TOKEN_HEADER
+
+Connect = Callable[[], Awaitable[socket.socket]]
+
+__all__ = ["CLAIM_PATH", "DEFAULT_PORT", "PING_PATH", "TOKEN_HEADER", "Connect", "claim", "ping",
+           "request", "wait_ready"]
+
+
+async def request(
+    connect: Connect, method: str, path: str, *, token: str | None = None,
+    body: bytes | None = None, timeout: float = 2.0, read_body: bool = True,
+) -> tuple[int, bytes]:
+    """One HTTP/1.1 request (``Connection: close``); returns the status and the body."""
+    head = [f"{method} {path} HTTP/1.1", "Host: execd", "Connection: close"]
+    if token:
+        head.append(f"{TOKEN_HEADER}: {token}")
+    if body is not None:
+        head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    async with asyncio.timeout(timeout):
+        sock = await connect()
+        reader, writer = await asyncio.open_connection(sock=sock)
+        try:
+            writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + (body or b""))
+            raw = await reader.read() if read_body else await reader.readline()
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+    status_line, _, rest = raw.partition(b"\r\n")
+    parts = status_line.split()
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+        raise ConnectionError(f"execd answered no HTTP status: {raw[:100]!r}")
+    return int(parts[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+async def ping(connect: Connect, token: str | None = None, timeout: float = 2.0) -> int:
+    """``GET /ping``; returns the HTTP status (200 once execd serves)."""
+    status, _ = await request(connect, "GET", PING_PATH, token=token, timeout=timeout,
+                              read_body=False)
+    return status
+
+
+async def wait_ready(
+    connect: Connect, token: str | None, timeout: float, interval: float = 0.005
+) -> None:
+    """Return once execd answers 200 on ``/ping``; raise TimeoutError with the last error."""
+    deadline = time.monotonic() + timeout
+    last = "never reached"
+    while True:
+        try:
+            status = await ping(connect, token)
+            if status == 200:
+                return
+            last = f"/ping answered HTTP {status}"
+        except (OSError, TimeoutError, ConnectionError) as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"execd did not answer /ping within {timeout:.0f}s ({last})")
+        await asyncio.sleep(interval)
+        # Back off gently: fast while a sandbox starts, cheap if it is slow.
+        interval = min(interval * 1.2, 0.1)
+
+
+async def claim(
+    connect: Connect, pool_token: str, *, env: dict[str, str], token: str | None,
+    entrypoint: list[str], timeout: float = 5.0,
+) -> None:
+    """Hand a warm execd its sandbox: environment, access token, entrypoint."""
+    body = json.dumps({"env": env, "token": token, "entrypoint": entrypoint}).encode()
+    status, answer = await request(connect, "POST", CLAIM_PATH, token=pool_token, body=body,
+                                   timeout=timeout)
+    if status != 200:
+        raise ConnectionError(f"execd refused the claim: HTTP {status} {answer[:200]!r}")
