@@ -12,6 +12,7 @@ import httpx
 import pytest
 import uvicorn
 
+from sandlot import datadir
 from sandlot.config import Config
 from sandlot.server.app import create_app
 from tests.conftest import free_port
@@ -37,8 +38,8 @@ class Harness:
         )
         # Short root: unix socket paths must fit in 108 bytes; pytest's tmp_path may not.
         self.short_root = Path(tempfile.mkdtemp(prefix="sl-", dir="/tmp"))
-        self.runtime = FakeRuntime(self.short_root)
         self.images = FakeImages({"python:3.12", "base"}, pullable={"registry.test/app:1"})
+        self.runtime = FakeRuntime(self.short_root, self.images)
         self.server: uvicorn.Server | None = None
         self.task: asyncio.Task[None] | None = None
         self.app = None
@@ -52,8 +53,8 @@ class Harness:
         return httpx.AsyncClient(base_url=self.base, headers=headers, timeout=10)
 
     async def start(self) -> None:
-        self.cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        self.app = create_app(self.cfg, self.runtime, self.images)  # type: ignore[arg-type]
+        datadir.prepare(self.cfg.data_dir)
+        self.app = create_app(self.cfg, self.runtime)
         config = uvicorn.Config(
             self.app,
             host="127.0.0.1",

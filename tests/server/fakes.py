@@ -1,7 +1,9 @@
 """In-process stand-ins for the runtime and image store, for the server's unit tests.
 
-The fake "execd" is a real HTTP server (uvicorn on the sandbox's unix socket), so readiness
-probing, direct endpoints and the server proxy (including SSE) are exercised for real.
+The fake "execd" is a real HTTP server (uvicorn on a loopback port of the host standing in
+for execd's port in the sandbox), reached through the fake's ``connect`` like a real
+runtime's, so readiness probing, direct endpoints and the server proxy (including SSE) are
+exercised for real.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +22,20 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from sandlot.errors import ImageNotFound, RuntimeFailure
+from sandlot.config import Config
+from sandlot.errors import ImageNotFound, NotFound, RuntimeFailure
 from sandlot.images.model import Image, RegistryAuth
-from sandlot.runtime.base import ContainerInfo, ContainerState, SandboxSpec
+from sandlot.runtime.base import (
+    ContainerInfo,
+    ContainerState,
+    CreateResult,
+    ImageRef,
+    Progress,
+    Runtime,
+    RuntimeCapabilities,
+    SandboxSpec,
+)
+from sandlot.runtime.execd_client import DEFAULT_PORT
 
 
 def fake_execd_app(token: str | None) -> Starlette:
@@ -71,24 +85,24 @@ def fake_execd_app(token: str | None) -> Starlette:
 
 
 class FakeContainer:
-    def __init__(self, spec: SandboxSpec, socket_path: Path):
+    def __init__(self, spec: SandboxSpec):
         self.spec = spec
-        self.socket_path = socket_path
         self.state = ContainerState.RUNNING
         self.server: uvicorn.Server | None = None
         self.task: asyncio.Task[None] | None = None
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.execd_port: int = self.sock.getsockname()[1]
 
     async def start(self) -> None:
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         config = uvicorn.Config(
             fake_execd_app(self.spec.execd_token),
-            uds=str(self.socket_path),
             log_level="warning",
             lifespan="off",
         )
         self.server = uvicorn.Server(config)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        self.task = asyncio.create_task(self.server.serve())
+        self.task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
         while not self.server.started:
             if self.task.done():
                 self.task.result()
@@ -99,17 +113,31 @@ class FakeContainer:
             self.server.should_exit = True
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.task, 5)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        self.sock.close()
 
 
-class FakeRuntime:
-    """Runtime protocol implementation whose sandboxes are in-process HTTP servers."""
+async def _connect_loopback(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class FakeRuntime(Runtime):
+    """A Runtime whose sandboxes are in-process HTTP servers."""
 
     name = "fake"
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, images: FakeImages | None = None,
+                 execd_port: int = DEFAULT_PORT):
         self.root = root
+        self.images = images if images is not None else FakeImages(set())
+        self.execd_port = execd_port
+        self.capabilities = RuntimeCapabilities(isolation="fake")
         self.containers: dict[str, FakeContainer] = {}
         self.created: list[SandboxSpec] = []
         self.fail_create: str | None = None
@@ -117,17 +145,26 @@ class FakeRuntime:
         self.tcp_services: dict[int, int] = {}  # sandbox port -> host port of a test server
         self.prewarmed: list[str] = []  # names of images the server asked to keep warm
 
-    async def prewarm(self, image: Image) -> None:
-        self.prewarmed.append(image.name)
+    @classmethod
+    async def open(cls, cfg: Config) -> FakeRuntime:
+        return cls(cfg.data_dir / "fake-runtime", execd_port=cfg.execd.port)
 
-    async def create(self, spec: SandboxSpec) -> bool:
+    async def prewarm(self, image: ImageRef) -> None:
+        if self.images.get(image.reference) is not None:
+            self.prewarmed.append(image.reference)
+
+    async def create(self, spec: SandboxSpec, progress: Progress | None = None) -> CreateResult:
+        if self.images.get(spec.image.reference) is None:
+            if progress is not None:
+                await progress("Pulling", f"pulling image {spec.image.reference}")
+            await self.images.pull(spec.image.reference, spec.image.auth)
         if self.fail_create:
             raise RuntimeFailure(self.fail_create)
         self.created.append(spec)
-        c = FakeContainer(spec, self.execd_socket(spec.sandbox_id))
+        c = FakeContainer(spec)
         self.containers[spec.sandbox_id] = c
         await c.start()
-        return False  # the service waits for the fake execd's /ping
+        return CreateResult(execd_ready=False)  # the service waits for the fake's /ping
 
     async def delete(self, sandbox_id: str) -> None:
         if self.fail_deletes > 0:
@@ -159,16 +196,15 @@ class FakeRuntime:
     async def list_ids(self) -> set[str]:
         return set(self.containers)
 
-    def execd_socket(self, sandbox_id: str) -> Path:
-        return self.root / sandbox_id / "execd.sock"
-
-    async def open_connection(
-        self, sandbox_id: str, port: int
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        self._get(sandbox_id)
+    async def connect(self, sandbox_id: str, port: int) -> socket.socket:
+        c = self.containers.get(sandbox_id)
+        if c is None:
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        if port == self.execd_port:
+            return await _connect_loopback(c.execd_port)
         if port not in self.tcp_services:
             raise ConnectionRefusedError(f"nothing listens on port {port}")
-        return await asyncio.open_connection("127.0.0.1", self.tcp_services[port])
+        return await _connect_loopback(self.tcp_services[port])
 
     async def close(self) -> None:
         pass
@@ -201,3 +237,8 @@ class FakeImages:
             raise ImageNotFound(f"image {name} not found in its registry")
         self.local.add(name)
         return self._image(name)
+
+
+async def connect_loopback(port: int) -> socket.socket:
+    """A connected non-blocking socket to ``127.0.0.1:port`` (what ``Runtime.connect`` gives)."""
+    return await _connect_loopback(port)

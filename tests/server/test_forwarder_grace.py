@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from sandlot.server.endpoints import EndpointForwarder
+from tests.server.fakes import connect_loopback
 
 
 async def _echo_server() -> tuple[asyncio.Server, int]:
@@ -26,7 +27,7 @@ async def test_connection_waits_for_a_late_upstream() -> None:
         attempts += 1
         if attempts < 4:  # execd not listening yet
             raise FileNotFoundError("no socket yet")
-        return await asyncio.open_connection("127.0.0.1", port)
+        return await connect_loopback(port)
 
     fwd = EndpointForwarder("127.0.0.1", connect, connect_grace=5.0)
     try:

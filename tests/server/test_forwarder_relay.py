@@ -9,6 +9,7 @@ import os
 import pytest
 
 from sandlot.server.endpoints import EndpointForwarder
+from tests.server.fakes import connect_loopback
 
 
 async def test_bulk_both_ways_and_half_close() -> None:
@@ -28,7 +29,7 @@ async def test_bulk_both_ways_and_half_close() -> None:
     port = int(server.sockets[0].getsockname()[1])
 
     async def connect(sandbox_id: str, _port: int):  # type: ignore[no-untyped-def]
-        return await asyncio.open_connection("127.0.0.1", port)
+        return await connect_loopback(port)
 
     fwd = EndpointForwarder("127.0.0.1", connect)
     try:
@@ -58,9 +59,9 @@ async def test_upstream_speaks_first() -> None:
     port = int(server.sockets[0].getsockname()[1])
 
     async def connect(sandbox_id: str, _port: int):  # type: ignore[no-untyped-def]
-        pair = await asyncio.open_connection("127.0.0.1", port)
-        await asyncio.sleep(0.05)  # the banner is already buffered in the stream
-        return pair
+        sock = await connect_loopback(port)
+        await asyncio.sleep(0.05)  # the banner has arrived before the relay starts
+        return sock
 
     fwd = EndpointForwarder("127.0.0.1", connect)
     try:

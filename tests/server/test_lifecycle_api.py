@@ -251,9 +251,12 @@ async def test_error_shapes(harness: Harness, client: httpx.AsyncClient) -> None
     assert r.status_code == 501 and "snapshot" in r.json()["message"]
     r = await client.get("/v1/snapshots")
     assert r.status_code == 501
-    vols = [{"name": "v", "mountPath": "/d"}]
+    vols = [{"name": "v", "host": {"path": "/srv"}, "mountPath": "/d"}]
     r = await client.post("/v1/sandboxes", json={**BODY, "volumes": vols})
-    assert r.status_code == 501
+    assert r.status_code == 501 and "host volumes" in r.json()["message"]
+    r = await client.post("/v1/sandboxes", json={**BODY, "volumes": [{"name": "v",
+                                                                      "mountPath": "/d"}]})
+    assert r.status_code == 400 and "exactly one backend" in r.json()["message"]
     r = await client.get("/v1/no-such-route")
     assert r.status_code == 404 and set(r.json()) == {"code", "message"}
     assert harness.runtime.created == []
@@ -284,9 +287,9 @@ async def test_a_create_slower_than_the_wait_is_stored_before_it_answers(
     harness.cfg.server.create_wait_seconds = 0.05
     create_container = harness.runtime.create
 
-    async def slow_create(spec):  # type: ignore[no-untyped-def]
+    async def slow_create(spec, progress=None):  # type: ignore[no-untyped-def]
         await asyncio.sleep(0.5)
-        return await create_container(spec)
+        return await create_container(spec, progress)
 
     harness.runtime.create = slow_create  # type: ignore[method-assign]
     body = await create(client)

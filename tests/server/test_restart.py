@@ -43,7 +43,7 @@ async def test_restart_reconciles_runtime_and_store(harness: Harness) -> None:
     orphan_spec = harness.runtime.created[0].__class__(
         sandbox_id="orphan-1", image=harness.runtime.created[0].image, entrypoint=["true"]
     )
-    orphan = FakeContainer(orphan_spec, harness.runtime.execd_socket("orphan-1"))
+    orphan = FakeContainer(orphan_spec)
     await orphan.start()
     harness.runtime.containers["orphan-1"] = orphan
     await asyncio.sleep(1.2)

@@ -386,6 +386,8 @@ class SandboxService:
 
     async def pause(self, sandbox_id: str) -> None:
         rec = self.get(sandbox_id)
+        if not self.runtime.capabilities.pause:
+            raise Unsupported(f"pausing is not supported by the {self.runtime.name} runtime")
         async with self._lock(sandbox_id):
             if rec.state != SandboxState.RUNNING:
                 raise Conflict(
