@@ -12,7 +12,7 @@ from opensandbox.config import ConnectionConfig
 
 from sandlot.config import Config
 from sandlot.images.store import ImageStore
-from sandlot.runtime.base import SandboxSpec
+from sandlot.runtime.base import ImageRef, SandboxSpec
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer, _in_thread
 
 BODY = {
@@ -41,9 +41,9 @@ async def _runtime_op(server: SandlotServer, op: str, sid: str, image_store: Ima
         if op == "delete":
             await rt.delete(sid)
         else:
-            image = image_store.get(COMPAT_IMAGE)
-            assert image is not None
-            await rt.create(SandboxSpec(sandbox_id=sid, image=image, entrypoint=[]))
+            assert image_store.get(COMPAT_IMAGE) is not None
+            await rt.create(SandboxSpec(sandbox_id=sid, image=ImageRef(COMPAT_IMAGE),
+                                        entrypoint=[]))
     finally:
         await rt.close()
 

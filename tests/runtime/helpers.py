@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -16,11 +17,13 @@ import httpx
 import pytest
 
 from sandlot.config import Config
+from sandlot.errors import ImageNotFound
 from sandlot.images.model import Image
-from sandlot.runtime.base import SandboxSpec
+from sandlot.runtime.base import ImageRef, SandboxSpec
 from sandlot.runtime.oci import OciRuntime
 from sandlot.runtime.oci import cgroups as cg
 from sandlot.runtime.oci.layout import netns_name
+from sandlot.server.sandbox_transport import SandboxTransport
 
 
 def needs_root() -> None:
@@ -50,21 +53,30 @@ def runc_exec(rt: OciRuntime, sandbox_id: str, script: str, timeout: float = 60)
     return ExecResult(p.returncode, p.stdout, p.stderr)
 
 
+def execd_client(rt: OciRuntime, sandbox_id: str, **kw: object) -> httpx.AsyncClient:
+    """An HTTP client to the sandbox's execd, connected through ``rt.connect``."""
+
+    async def connect(port: int) -> socket.socket:
+        if sandbox_id.startswith("_pool-"):  # a warm container: no sandbox id of its own yet
+            return await rt._connect_container(sandbox_id, port)
+        return await rt.connect(sandbox_id, port)
+
+    return httpx.AsyncClient(transport=SandboxTransport(connect),
+                             base_url=f"http://execd:{rt.execd_port}", **kw)  # type: ignore[arg-type]
+
+
 async def wait_ping(rt: OciRuntime, sandbox_id: str, timeout: float = 30) -> httpx.Response:
-    """Poll execd's /ping over the sandbox's unix socket until it answers."""
-    sock = rt.execd_socket(sandbox_id)
+    """Poll execd's /ping (through the runtime's connect) until it answers."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
-    transport = httpx.AsyncHTTPTransport(uds=str(sock))
-    async with httpx.AsyncClient(transport=transport, base_url="http://execd") as client:
+    async with execd_client(rt, sandbox_id) as client:
         while time.monotonic() < deadline:
-            if sock.exists():
-                try:
-                    r = await client.get("/ping", timeout=5)
-                    if r.status_code == 200:
-                        return r
-                except httpx.TransportError as exc:
-                    last = exc
+            try:
+                r = await client.get("/ping", timeout=5)
+                if r.status_code == 200:
+                    return r
+            except httpx.TransportError as exc:
+                last = exc
             await asyncio.sleep(0.02)
     log = rt.paths(sandbox_id).container_log
     tail = log.read_text()[-2000:] if log.exists() else ""
@@ -87,12 +99,34 @@ def leftovers(rt: OciRuntime, sandbox_id: str) -> list[str]:
     return found
 
 
+class TestImages:
+    """The runtime's image source in tests: images made by fixtures, by name."""
+
+    def __init__(self) -> None:
+        self.images: dict[str, Image] = {}
+
+    def add(self, image: Image) -> ImageRef:
+        self.images[image.name] = image
+        return ImageRef(image.name)
+
+    def get(self, name: str) -> Image | None:
+        return self.images.get(name)
+
+    async def pull(self, name: str, auth: object = None, progress: object = None) -> Image:
+        raise ImageNotFound(f"image {name} is not in the test images")
+
+
+TEST_IMAGES = TestImages()
+
+
 def spec(sandbox_id: str, image: Image, **kw: object) -> SandboxSpec:
-    return SandboxSpec(sandbox_id=sandbox_id, image=image, entrypoint=[], **kw)  # type: ignore[arg-type]
+    """A spec for ``image`` (made known to runtimes opened by ``open_runtime``)."""
+    ref = TEST_IMAGES.add(image)
+    return SandboxSpec(sandbox_id=sandbox_id, image=ref, entrypoint=[], **kw)  # type: ignore[arg-type]
 
 
 async def open_runtime(data_dir: Path) -> OciRuntime:
-    return await OciRuntime.open(Config(data_dir=data_dir))
+    return await OciRuntime.open(Config(data_dir=data_dir), images=TEST_IMAGES)
 
 
 async def runtime_fixture(data_dir: Path) -> AsyncIterator[OciRuntime]:

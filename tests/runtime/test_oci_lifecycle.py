@@ -14,6 +14,7 @@ from sandlot.runtime.base import ContainerState
 from sandlot.runtime.oci import OciRuntime
 from sandlot.runtime.oci import cgroups as cg
 from tests.runtime.helpers import (
+    TEST_IMAGES,
     leftovers,
     open_runtime,
     process_gone,
@@ -46,14 +47,15 @@ async def test_execd_is_pid1_with_workspace_and_hostname(
     await rt.create(spec("life2", rt_image, env={"GREETING": "hi there"}))
     await wait_ping(rt, "life2")
     r = runc_exec(rt, "life2", "tr '\\0' ' ' </proc/1/cmdline; echo; hostname; "
-                  "echo $GREETING; touch /workspace/f && echo writable; ls /run/sandlot")
+                  "echo $GREETING; touch /workspace/f && echo writable; "
+                  "awk '$2 == \"/run/sandlot\" {print \"run:\" $3}' /proc/mounts")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert "sandlot.execd" in lines[0] and "/opt/sandlot/" in lines[0]
     assert lines[1] == "life2"
     assert lines[2] == "hi there"
     assert "writable" in lines
-    assert "execd.sock" in r.stdout
+    assert "run:tmpfs" in lines  # the sandbox's own, not a host dir (issue 11 finding 2)
     # execd keeps its private variables (bundle Python paths, token) out of the workload's env
     env = runc_exec(rt, "life2", "cat /proc/1/environ | tr '\\0' '\\n'").stdout
     assert "GREETING=hi there" in env
@@ -119,7 +121,7 @@ async def test_runtime_pids_limit_caps_the_request(runtime_data_dir: Path, rt_im
 
     cfg = Config(data_dir=runtime_data_dir)
     cfg.runtime.pids_limit = 77
-    rt = await OciRuntime.open(cfg)
+    rt = await OciRuntime.open(cfg, images=TEST_IMAGES)
     try:
         await rt.create(spec("pidcap", rt_image, pids_limit=4096))
         pids = cg.controller_dir("pidcap", "pids")
@@ -140,7 +142,7 @@ async def test_bad_requests(oci_runtime: OciRuntime, rt_image: Image, tmp_path: 
     with pytest.raises(NotFound):
         await rt.pause("nosuch")
     with pytest.raises(NotFound):
-        await rt.open_connection("nosuch", 80)
+        await rt.connect("nosuch", 80)
 
 
 async def test_failed_create_leaves_nothing(oci_runtime: OciRuntime, tmp_path: Path) -> None:
@@ -159,7 +161,7 @@ async def test_failed_create_leaves_nothing(oci_runtime: OciRuntime, tmp_path: P
     assert not cg.sandbox_cgroup_dirs("b2")
 
 
-async def test_open_connection_reaches_port_inside(
+async def test_connect_reaches_port_inside(
     oci_runtime: OciRuntime, rt_image: Image
 ) -> None:
     rt = oci_runtime
@@ -171,12 +173,13 @@ async def test_open_connection_reaches_port_inside(
     await proc.wait()
     for _ in range(200):
         try:
-            reader, writer = await rt.open_connection("net", 8123)
+            sock = await rt.connect("net", 8123)
             break
         except OSError:
             await asyncio.sleep(0.05)
     else:
         raise AssertionError("port 8123 in the sandbox never accepted a connection")
+    reader, writer = await asyncio.open_connection(sock=sock)
     writer.write(b"GET / HTTP/1.0\r\n\r\n")
     await writer.drain()
     data = await reader.read()

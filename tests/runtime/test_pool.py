@@ -17,20 +17,27 @@ from sandlot.runtime.base import ContainerState, SandboxSpec
 from sandlot.runtime.oci import OciRuntime
 from sandlot.runtime.oci import cgroups as cg
 from sandlot.runtime.oci.pool import is_pool_id
-from tests.runtime.helpers import leftovers, runc_exec, spec, wait_ping
+from tests.runtime.helpers import (
+    TEST_IMAGES,
+    execd_client,
+    leftovers,
+    runc_exec,
+    spec,
+    wait_ping,
+)
 
 
 async def _open(data_dir: Path, size: int = 1) -> OciRuntime:
     cfg = Config(data_dir=data_dir)
     cfg.runtime.warm_pool_size = size
     cfg.runtime.warm_pool_images = ["base"]
-    return await OciRuntime.open(cfg)
+    return await OciRuntime.open(cfg, images=TEST_IMAGES)
 
 
 @pytest.fixture
 async def pooled(runtime_data_dir: Path, rt_image: Image) -> AsyncIterator[OciRuntime]:
     rt = await _open(runtime_data_dir)
-    await rt.prewarm(rt_image)
+    await rt.prewarm(TEST_IMAGES.add(rt_image))
     await rt.pool.wait_full(rt_image.name)
     try:
         yield rt
@@ -47,9 +54,8 @@ def _ready_token(rt: OciRuntime, image: Image) -> tuple[str, str]:
 
 
 async def _command(rt: OciRuntime, sid: str, token: str | None, command: str) -> httpx.Response:
-    transport = httpx.AsyncHTTPTransport(uds=str(rt.execd_socket(sid)))
     headers = {"X-EXECD-ACCESS-TOKEN": token} if token else {}
-    async with httpx.AsyncClient(transport=transport, base_url="http://execd") as c:
+    async with execd_client(rt, sid) as c:
         return await c.post("/command", json={"command": command}, headers=headers, timeout=30)
 
 
@@ -59,7 +65,8 @@ async def test_claim_gives_a_working_sandbox(pooled: OciRuntime, rt_image: Image
     warm_cpu = cg.controller_dir(cid, "cpu")
     assert warm_cpu and int((warm_cpu / "cpu.shares").read_text()) == 64  # idles at low weight
     await rt.create(SandboxSpec(
-        "pooled1", rt_image, entrypoint=["sh", "-c", "echo $GREETING > /workspace/ep"],
+        "pooled1", TEST_IMAGES.add(rt_image),
+        entrypoint=["sh", "-c", "echo $GREETING > /workspace/ep"],
         env={"GREETING": "hi there"}, execd_token="tok1", memory_bytes=256 << 20,
         cpu_cores=0.5, pids_limit=123,
     ))
@@ -115,7 +122,7 @@ async def test_pool_refills_and_delete_leaves_nothing(pooled: OciRuntime,
 
 async def test_other_images_are_not_pooled(pooled: OciRuntime, scratch_image: Image) -> None:
     rt = pooled
-    await rt.prewarm(scratch_image)
+    await rt.prewarm(TEST_IMAGES.add(scratch_image))
     assert rt.pool.ready_count(scratch_image.name) == 0
     await rt.create(spec("cold1", scratch_image))
     assert rt.container_id("cold1") == "cold1"
@@ -136,7 +143,7 @@ async def test_restart_keeps_claims_and_removes_stale_warm_containers(
     runtime_data_dir: Path, rt_image: Image
 ) -> None:
     rt1 = await _open(runtime_data_dir, size=2)
-    await rt1.prewarm(rt_image)
+    await rt1.prewarm(TEST_IMAGES.add(rt_image))
     await rt1.pool.wait_full(rt_image.name)
     await rt1.create(spec("survivor", rt_image, execd_token="tok-s"))
     cid = rt1.container_id("survivor")
@@ -172,7 +179,7 @@ async def test_close_while_filling_leaves_nothing(
     # close() can land at any point of a warm create (runc run, execd start-up, ping):
     # whatever was being made must still be removed.
     rt = await _open(runtime_data_dir, size=2)
-    await rt.prewarm(rt_image)
+    await rt.prewarm(TEST_IMAGES.add(rt_image))
     await asyncio.sleep(delay)
     await rt.close()
     leaked = [c for c in rt._container_ids() if is_pool_id(c)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sandlot.images.model import Image, ImageConfig
-from sandlot.runtime.base import SandboxSpec
+from sandlot.runtime.base import ImageRef, SandboxSpec
 from sandlot.runtime.execd_bundle import ExecdBundle
 from sandlot.runtime.oci.seccomp import DENIED_SYSCALLS
 from sandlot.runtime.oci.spec import build_config
@@ -15,10 +15,10 @@ IMAGE = Image(name="t", id="t", lower_dirs=[Path("/nonexistent")],
 
 
 def _config(**kw: object) -> dict:
-    spec = SandboxSpec(sandbox_id="abc", image=IMAGE, entrypoint=["python", "app.py"],
+    spec = SandboxSpec(sandbox_id="abc", image=ImageRef("t"), entrypoint=["python", "app.py"],
                        **kw)  # type: ignore[arg-type]
-    return build_config(spec, ExecdBundle(Path("/b")), netns=Path("/run/netns/x"),
-                        run_dir=Path("/d/run"), etc_dir=Path("/d/etc"), swap_limit=True)
+    return build_config(spec, IMAGE, ExecdBundle(Path("/b")), netns=Path("/run/netns/x"),
+                        etc_dir=Path("/d/etc"), swap_limit=True, execd_port=44772)
 
 
 def test_process_starts_execd_from_bundle_then_entrypoint() -> None:
@@ -26,7 +26,8 @@ def test_process_starts_execd_from_bundle_then_entrypoint() -> None:
     args = c["process"]["args"]
     assert args[:3] == ["/opt/sandlot/lib/ld-linux-x86-64.so.2", "--library-path",
                         "/opt/sandlot/lib"]
-    assert args[args.index("--listen") + 1] == "unix:/run/sandlot/execd.sock"
+    # TCP on the sandbox's own loopback: no socket file the workload could swap for a link
+    assert args[args.index("--listen") + 1] == "tcp:127.0.0.1:44772"
     assert args[args.index("--workdir") + 1] == "/app"
     assert args[-3:] == ["--", "python", "app.py"]
     env = dict(e.split("=", 1) for e in c["process"]["env"])
@@ -39,9 +40,9 @@ def test_process_starts_execd_from_bundle_then_entrypoint() -> None:
 
 
 def test_no_entrypoint_means_no_separator() -> None:
-    spec = SandboxSpec(sandbox_id="abc", image=IMAGE, entrypoint=[])
-    c = build_config(spec, ExecdBundle(Path("/b")), netns=Path("/n"), run_dir=Path("/r"),
-                     etc_dir=Path("/e"), swap_limit=False)
+    spec = SandboxSpec(sandbox_id="abc", image=ImageRef("t"), entrypoint=[])
+    c = build_config(spec, IMAGE, ExecdBundle(Path("/b")), netns=Path("/n"),
+                     etc_dir=Path("/e"), swap_limit=False, execd_port=44772)
     assert "--" not in c["process"]["args"]
     assert "memory" not in c["linux"]["resources"]
 
@@ -62,7 +63,10 @@ def test_hardening() -> None:
     assert "ro" in mounts["/sys"]["options"] and "ro" in mounts["/sys/fs/cgroup"]["options"]
     bundle = mounts["/opt/sandlot"]
     assert bundle["source"] == "/b" and {"ro", "nosuid", "nodev"} <= set(bundle["options"])
-    assert mounts["/run/sandlot"]["source"] == "/d/run"
+    # no writable host directory inside the sandbox (issue 11 finding 2)
+    assert mounts["/run/sandlot"]["type"] == "tmpfs"
+    host_binds = [m for m in c["mounts"] if m["type"] == "bind" and "rw" in m["options"]]
+    assert {m["destination"] for m in host_binds} == {"/etc/hosts", "/etc/hostname"}
 
 
 def test_seccomp_denies_the_required_calls() -> None:
