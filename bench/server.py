@@ -110,7 +110,7 @@ class SandlotServer:
 
     def start(self, timeout: float = 60.0) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="sandlot-bench-", dir=_tmp_base()))
-        self.data_dir.mkdir()
+        self.data_dir.mkdir(mode=0o700)  # sandlot serve refuses a data dir others can reach
         images = self.image_cache / "images"
         images.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "images").symlink_to(images)

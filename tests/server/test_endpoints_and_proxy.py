@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 from websockets.asyncio.client import connect as ws_connect
 
 from tests.server.conftest import API_KEY, Harness
@@ -17,6 +18,7 @@ async def running(harness: Harness, client: httpx.AsyncClient) -> str:
     return sid
 
 
+@pytest.mark.fake_only
 async def test_direct_execd_endpoint_forwards_with_token(
     harness: Harness, client: httpx.AsyncClient
 ) -> None:
@@ -47,6 +49,7 @@ async def test_direct_execd_endpoint_forwards_with_token(
         raise AssertionError("endpoint listener still open after delete")
 
 
+@pytest.mark.fake_only
 async def test_direct_endpoint_for_other_port(harness: Harness, client: httpx.AsyncClient) -> None:
     async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         w.write(b"hello:" + await r.readline())
@@ -82,6 +85,7 @@ async def test_endpoint_errors(harness: Harness, client: httpx.AsyncClient) -> N
     assert r.status_code == 501
 
 
+@pytest.mark.fake_only
 async def test_server_proxy_http_and_sse(harness: Harness, client: httpx.AsyncClient) -> None:
     sid = await running(harness, client)
     r = await client.get(
@@ -112,6 +116,7 @@ async def test_server_proxy_http_and_sse(harness: Harness, client: httpx.AsyncCl
     assert r.text == "pong"
 
 
+@pytest.mark.fake_only
 async def test_server_proxy_websocket(harness: Harness, client: httpx.AsyncClient) -> None:
     sid = await running(harness, client)
     url = f"ws://127.0.0.1:{harness.cfg.server.port}/v1/sandboxes/{sid}/proxy/44772/ws"
@@ -127,6 +132,7 @@ async def test_proxy_refuses_paused_sandbox(harness: Harness, client: httpx.Asyn
     assert r.status_code == 409 and "Paused" in r.json()["message"]
 
 
+@pytest.mark.fake_only
 async def test_renew_on_access_through_proxy(harness: Harness, client: httpx.AsyncClient) -> None:
     r = await client.post(
         "/v1/sandboxes",

@@ -37,6 +37,7 @@ async def test_a_timer_that_fires_early_is_rearmed(
     await wait_gone(client, sid)
 
 
+@pytest.mark.fake_only
 async def test_a_failed_expiry_delete_is_retried(
     harness: Harness, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

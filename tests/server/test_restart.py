@@ -22,6 +22,7 @@ def iso(t: datetime) -> str:
     return t.isoformat().replace("+00:00", "Z")
 
 
+@pytest.mark.fake_only
 async def test_restart_reconciles_runtime_and_store(harness: Harness) -> None:
     async with harness.client() as c:
         keep = (await create(c))["id"]
@@ -75,6 +76,7 @@ async def test_restart_reconciles_runtime_and_store(harness: Harness) -> None:
         assert keep not in harness.runtime.containers
 
 
+@pytest.mark.fake_only
 async def test_pending_at_shutdown_becomes_failed(harness: Harness) -> None:
     harness.images.pull_gate = asyncio.Event()
     async with harness.client() as c:

@@ -7,6 +7,8 @@ from click.testing import CliRunner
 
 from sandlot.cli.main import main
 from sandlot.config import API_KEY_ENV, Config
+from sandlot.runtime.registry import UnknownRuntime, known_runtimes, runtime_class
+from sandlot.server.main import StartupRefused, check_config
 
 
 def test_opensandbox_server_keys_are_read(tmp_path: Path) -> None:
@@ -15,12 +17,12 @@ def test_opensandbox_server_keys_are_read(tmp_path: Path) -> None:
         '[server]\nhost = "127.0.0.2"\nport = 9000\napi_key = "k"\n'
         "max_sandbox_timeout_seconds = 60\n"
         '[runtime]\ntype = "oci"\n'
-        "[unknown_section]\nwhatever = 1\n"
     )
     cfg = Config.load(cfg_file)
     assert (cfg.server.host, cfg.server.port, cfg.server.api_key) == ("127.0.0.2", 9000, "k")
     assert cfg.server.max_sandbox_timeout_seconds == 60
     assert cfg.runtime.type == "oci"
+    assert cfg.warnings() == [] and cfg.refusals() == []
 
 
 def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,11 +30,115 @@ def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Config.load().server.api_key == "from-env"
 
 
-def test_config_key_wins_over_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_key_wins_over_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As OpenSandbox documents: OPENSANDBOX_SERVER_API_KEY overrides [server] api_key."""
     monkeypatch.setenv(API_KEY_ENV, "from-env")
     cfg_file = tmp_path / "c.toml"
     cfg_file.write_text('[server]\napi_key = "from-file"\n')
+    assert Config.load(cfg_file).server.api_key == "from-env"
+    monkeypatch.delenv(API_KEY_ENV)
     assert Config.load(cfg_file).server.api_key == "from-file"
+
+
+def _load(tmp_path: Path, text: str) -> Config:
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text(text)
+    return Config.load(cfg_file)
+
+
+def test_unknown_keys_and_sections_are_warned_about(tmp_path: Path) -> None:
+    cfg = _load(tmp_path, '[server]\nhots = "0.0.0.0"\n[unknown_section]\nwhatever = 1\n'
+                          "[runtime]\nwarm_pool_sise = 3\n")
+    warned = "\n".join(cfg.warnings())
+    assert "[server] hots" in warned and "unknown key" in warned
+    assert "[unknown_section] whatever" in warned and "unknown section" in warned
+    assert "[runtime] warm_pool_sise" in warned
+    assert cfg.refusals() == []
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ('[secure_runtime]\ntype = "kata"\ndocker_runtime = "kata-runtime"\n',
+     "[secure_runtime] type"),
+    ('[ingress]\nmode = "gateway"\n', "[ingress] mode"),
+    ('[egress]\nmode = "dns+nft"\n', "[egress] mode"),
+    ("[storage]\nquota_enforced = true\n", "[storage] quota_enforced"),
+    ("[ingress]\n[ingress.secure_access]\nactive_key = \"k\"\n", "[ingress] secure_access"),
+])
+def test_unimplemented_security_keys_are_refused(tmp_path: Path, text: str, key: str) -> None:
+    cfg = _load(tmp_path, text)
+    assert any(r.startswith(key) and "less protection" in r for r in cfg.refusals()), \
+        cfg.refusals()
+
+
+def test_serve_refuses_them_with_the_reason(tmp_path: Path) -> None:
+    cfg = _load(tmp_path, '[server]\napi_key = "k"\n[secure_runtime]\ntype = "kata"\n'
+                          'docker_runtime = "kata-runtime"\n')
+    with pytest.raises(StartupRefused, match=r"\[secure_runtime\] type = 'kata'"):
+        check_config(cfg)
+
+
+# The keys and values of the reference server's `init-config --example docker` file.
+UPSTREAM_DOCKER_EXAMPLE = """
+[server]
+host = "127.0.0.1"
+port = 8080
+max_sandbox_timeout_seconds = 86400
+[log]
+level = "INFO"
+[runtime]
+type = "docker"
+execd_image = "opensandbox/execd:v1.0.19"
+[storage]
+allowed_host_paths = []
+volume_default_size = "1Gi"
+[store]
+type = "sqlite"
+path = "~/.opensandbox/opensandbox.db"
+[docker]
+network_mode = "bridge"
+drop_capabilities = ["AUDIT_WRITE", "MKNOD", "NET_ADMIN", "NET_RAW", "SYS_ADMIN"]
+no_new_privileges = true
+apparmor_profile = ""
+pids_limit = 4096
+seccomp_profile = ""
+[ingress]
+mode = "direct"
+[egress]
+image = "opensandbox/egress:v1.1.0"
+mode = "dns"
+[renew_intent]
+enabled = false
+min_interval_seconds = 60
+[secure_runtime]
+type = ""
+"""
+
+
+def test_the_upstream_example_loads_with_warnings_only(tmp_path: Path) -> None:
+    cfg = _load(tmp_path, UPSTREAM_DOCKER_EXAMPLE)
+    assert cfg.refusals() == []
+    warned = "\n".join(cfg.warnings())
+    for key in ("[log] level", "[runtime] execd_image", "[store] path", "[egress] image",
+                "[storage] volume_default_size", "[renew_intent] min_interval_seconds"):
+        assert key in warned
+    # inert values ask for nothing sandlot lacks: not even a warning
+    for key in ("[ingress] mode", "[egress] mode", "[store] type", "[secure_runtime] type",
+                "[renew_intent] enabled"):
+        assert key not in warned
+
+
+def test_unknown_runtime_type_lists_the_known_ones() -> None:
+    cfg = Config.model_validate({"server": {"api_key": "k"}, "runtime": {"type": "nope"}})
+    with pytest.raises(StartupRefused) as err:
+        check_config(cfg)
+    assert "unknown runtime type 'nope'" in str(err.value)
+    assert "known runtime types: " in str(err.value) and "oci" in str(err.value)
+    with pytest.raises(UnknownRuntime, match="oci"):
+        runtime_class("kubernetes")
+    assert runtime_class("oci").name == "oci"
+    assert "oci" in known_runtimes()
 
 
 def test_init_config_writes_a_loadable_private_file(tmp_path: Path) -> None:
