@@ -148,5 +148,6 @@ def test_init_config_writes_a_loadable_private_file(tmp_path: Path) -> None:
     assert target.stat().st_mode & 0o077 == 0
     cfg = Config.load(target)
     assert cfg.server.api_key and len(cfg.server.api_key) >= 32
+    assert cfg.warnings() == [] and cfg.refusals() == []  # sandlot's own template: all honoured
     again = CliRunner().invoke(main, ["init-config", str(target)])
     assert again.exit_code != 0 and "exists" in again.output
