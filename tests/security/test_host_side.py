@@ -219,6 +219,7 @@ def test_serve_refuses_a_data_dir_other_users_can_reach(compat_image_root: Path)
         os.chmod(srv.data_dir, 0o755)
         with pytest.raises(RuntimeError) as err:
             srv.start(timeout=120)
+        srv.proc = None  # it exited
         assert "chmod 700" in str(err.value) and str(srv.data_dir) in str(err.value)
         assert not (srv.data_dir / "sandlot.db").exists()
     finally:
