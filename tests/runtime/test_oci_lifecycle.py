@@ -165,6 +165,7 @@ async def test_connect_reaches_port_inside(
     oci_runtime: OciRuntime, rt_image: Image
 ) -> None:
     rt = oci_runtime
+    home = os.stat("/proc/thread-self/ns/net").st_ino
     await rt.create(spec("net", rt_image))
     proc = await asyncio.create_subprocess_exec(
         rt.runc.binary, "--root", str(rt.runc.root), "exec", "-d", "net",
@@ -190,6 +191,7 @@ async def test_connect_reaches_port_inside(
         await asyncio.open_connection("127.0.0.1", 8123)
     # the calling thread's namespace was restored: this process still sees the host's links
     assert os.path.exists("/sys/class/net/lo")
+    assert os.stat("/proc/thread-self/ns/net").st_ino == home
 
 
 async def test_sandboxes_survive_a_new_runtime_instance(

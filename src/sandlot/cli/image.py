@@ -36,6 +36,9 @@ err_console = Console(stderr=True)
 
 def _store(data_dir: Path, config_file: Path | None) -> ImageStore:
     cfg = Config.load(config_file)
+    # A data dir made here is made as `sandlot serve` wants it (root's alone), so that an
+    # image pulled before the first start does not leave one the server then refuses.
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     return ImageStore(data_dir / "images", insecure_registries=cfg.images.insecure_registries)
 
 

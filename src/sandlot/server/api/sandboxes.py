@@ -119,7 +119,8 @@ async def get_endpoint(
 
 # ----- features this server does not offer: explicit errors, not silent stubs ----------
 
-_NO_SNAPSHOTS = "snapshots are not supported by this server (no runtime offers a snapshot store yet)"
+_NO_SNAPSHOTS = ("snapshots are not supported by this server (no runtime offers a snapshot "
+                 "store yet)")
 _NO_TEMPLATES = "templates (fsb golden images) are not supported by this server"
 
 
