@@ -129,3 +129,31 @@ async def test_store_roundtrip_and_migrations(tmp_path: Path) -> None:
     await store.close()
     with pytest.raises(RuntimeError, match="newer"):
         await SandboxStore.open(url)
+
+
+@pytest.mark.fake_only
+async def test_tokens_are_derived_and_old_stored_tokens_still_work(harness: Harness) -> None:
+    """New sandboxes store no token (derived from the server secret, the same after a
+    restart); a row written by an older sandlot keeps its random token, the one its execd
+    was started with."""
+    async with harness.client() as c:
+        sid = (await create(c))["id"]
+        await harness.wait_state(c, sid, "Running")
+        token = (await c.get(f"/v1/sandboxes/{sid}/endpoints/44772")).json()["headers"][
+            "X-EXECD-ACCESS-TOKEN"]
+    assert token == harness.runtime.created[-1].execd_token
+    await harness.stop()
+    store = await SandboxStore.open(harness.cfg.store_url)
+    try:
+        async with store._engine.connect() as conn:
+            rows = (await conn.execute(text("SELECT id, execd_token FROM sandboxes"))).all()
+        assert [tuple(r) for r in rows] == [(sid, "")]
+        legacy = _record("legacy-1")
+        legacy.execd_token = "an-old-random-token"
+        await store.save(legacy)
+    finally:
+        await store.close()
+    await harness.start()
+    svc = harness.service
+    assert svc.execd_token(svc.record(sid)) == token  # same secret, same token
+    assert svc.execd_token(svc.record("legacy-1")) == "an-old-random-token"
