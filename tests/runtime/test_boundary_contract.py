@@ -1,0 +1,100 @@
+"""The runtime boundary's contract, the same for every backend (``BACKENDS``).
+
+What the server relies on: ``connect`` is the way into a sandbox (execd's port included) and
+says ``NotFound``/``InvalidRequest``/``OSError`` clearly; ``create`` resolves the image itself
+and returns a ``CreateResult``; ``delete`` is idempotent; ``inspect`` reports a missing
+sandbox as ``MISSING``; ``capabilities`` is filled in. A new backend adds a factory here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from sandlot.errors import InvalidRequest, NotFound, SandlotError
+from sandlot.images.model import Image
+from sandlot.runtime import execd_client
+from sandlot.runtime.base import (
+    ContainerState,
+    CreateResult,
+    ImageRef,
+    Runtime,
+    RuntimeCapabilities,
+    SandboxSpec,
+)
+from sandlot.runtime.registry import runtime_class
+from tests.runtime.helpers import TEST_IMAGES, open_runtime
+
+
+async def _oci(data_dir: Path, image: Image) -> tuple[Runtime, ImageRef]:
+    return await open_runtime(data_dir), TEST_IMAGES.add(image)
+
+
+BACKENDS: dict[str, Callable[[Path, Image], Awaitable[tuple[Runtime, ImageRef]]]] = {
+    "oci": _oci,
+}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+async def backend(
+    request: pytest.FixtureRequest, runtime_data_dir: Path, rt_image: Image
+) -> AsyncIterator[tuple[Runtime, ImageRef]]:
+    rt, ref = await BACKENDS[request.param](runtime_data_dir, rt_image)
+    try:
+        yield rt, ref
+    finally:
+        for sid in await rt.list_ids():
+            await rt.delete(sid)
+        await rt.close()
+
+
+async def test_registered_and_described(backend: tuple[Runtime, ImageRef]) -> None:
+    rt, _ = backend
+    assert runtime_class(rt.name) is type(rt)
+    assert isinstance(rt.capabilities, RuntimeCapabilities) and rt.capabilities.isolation
+
+
+async def test_connect_is_the_way_in(backend: tuple[Runtime, ImageRef]) -> None:
+    rt, ref = backend
+    token = "contract-token"
+    result = await rt.create(SandboxSpec(sandbox_id="contract1", image=ref, entrypoint=[],
+                                         execd_token=token))
+    assert isinstance(result, CreateResult)
+
+    async def connect():  # type: ignore[no-untyped-def]
+        return await rt.connect("contract1", execd_client.DEFAULT_PORT)
+
+    if not result.execd_ready:
+        await execd_client.wait_ready(connect, token, timeout=60)
+    assert await execd_client.ping(connect, token) == 200
+    status, _ = await execd_client.request(connect, "GET", "/files/info?path=/", token="wrong")
+    assert status == 401  # execd's own token check, reached through connect()
+    sock = await connect()
+    assert sock.getblocking() is False
+    sock.close()
+    with pytest.raises(OSError):
+        (await rt.connect("contract1", 1)).close()  # nothing listens there
+    with pytest.raises(InvalidRequest):
+        await rt.connect("contract1", 70000)
+    with pytest.raises(NotFound):
+        await rt.connect("no-such-sandbox", execd_client.DEFAULT_PORT)
+    assert (await rt.inspect("contract1")).state == ContainerState.RUNNING
+    assert "contract1" in await rt.list_ids()
+    await rt.delete("contract1")
+    await rt.delete("contract1")  # idempotent
+    assert (await rt.inspect("contract1")).state == ContainerState.MISSING
+    with pytest.raises(NotFound):
+        await rt.connect("contract1", execd_client.DEFAULT_PORT)
+
+
+async def test_unknown_image_is_refused_and_leaves_nothing(
+    backend: tuple[Runtime, ImageRef],
+) -> None:
+    rt, _ = backend
+    with pytest.raises(SandlotError) as err:
+        await rt.create(SandboxSpec(sandbox_id="contract2", image=ImageRef("no-such-image:1"),
+                                    entrypoint=[]))
+    assert "no-such-image" in str(err.value)
+    assert "contract2" not in await rt.list_ids()
