@@ -125,7 +125,9 @@ class ContainerInfo:
     reason: str | None = None  # e.g. "hibernated": shown in the sandbox's status
 
 
-# Called by ``create`` with (reason, message) while it works, e.g. ("Pulling", "pulling x").
+# Called by ``create`` with (reason, message) while it works; shown as the Pending sandbox's
+# status. ("Pulling", ...) when it fetches the image (stored at once), ("Starting", ...) when
+# it starts the container (kept in memory: it is the common, fast case).
 Progress = Callable[[str, str], Awaitable[None]]
 
 
