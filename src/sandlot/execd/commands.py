@@ -19,17 +19,27 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from sandlot.execd import memory, oomscore, plainexec, procs, sse
+from sandlot.errors import RuntimeFailure
+from sandlot.execd import memory, oomscore, paths, plainexec, procs, sse
 from sandlot.execd.envfile import EnvFile
-from sandlot.execd.execution import Execution
-from sandlot.execd.http import JSON, bad_request, expect_object, json_body, not_found, ok, query_int
+from sandlot.execd.execution import Execution, describe_status
+from sandlot.execd.http import (
+    JSON,
+    bad_request,
+    expect_object,
+    json_body,
+    missing_query,
+    not_found,
+    ok,
+    query_int,
+)
 from sandlot.execd.settings import Settings
 from sandlot.execd.sparefiles import SpareFiles
 
@@ -87,12 +97,6 @@ class CommandRequest:
             raise bad_request("'command' must not contain NUL bytes")
         self.command: str | None = command if argv is None else None
         self.argv: list[str] | None = argv
-        cwd = data.get("cwd") or default_cwd
-        if not isinstance(cwd, str):
-            raise bad_request("'cwd' must be a string")
-        if not os.path.isdir(cwd):
-            raise bad_request(f"working directory does not exist: {cwd}")
-        self.cwd = cwd
         self.background = bool(data.get("background") or False)
         timeout = data.get("timeout")
         if timeout is not None and (
@@ -106,6 +110,13 @@ class CommandRequest:
         ):
             raise bad_request("'envs' must be an object of string values")
         self.envs: dict[str, str] = envs
+        cwd = data.get("cwd") or default_cwd
+        if not isinstance(cwd, str):
+            raise bad_request("'cwd' must be a string")
+        cwd = paths.expand(cwd, envs)  # ~ and $VAR, as the reference
+        if not os.path.isdir(cwd):
+            raise bad_request(f"working directory does not exist: {data.get('cwd')}")
+        self.cwd = cwd
         uid, gid = data.get("uid"), data.get("gid")
         for name, value in (("uid", uid), ("gid", gid)):
             if value is not None and (
@@ -141,6 +152,8 @@ class CommandService:
         self._spare_files: SpareFiles | None = None
         self._janitor: asyncio.Task[None] | None = None
         self.envfile = EnvFile(os.environ.get("EXECD_ENVS"))
+        # Other things ``DELETE /command?id=`` reaches (bash sessions); True when it did.
+        self.interrupt_other: Callable[[str], Awaitable[bool]] | None = None
 
     # lifecycle -----------------------------------------------------------------------
     async def startup(self) -> None:
@@ -199,9 +212,12 @@ class CommandService:
         return env
 
     # running -------------------------------------------------------------------------
-    def new_execution(self, content: str, *, background: bool) -> Execution:
+    def new_execution(
+        self, content: str, *, background: bool, session_lines: bool = False,
+        init_id: str | None = None,
+    ) -> Execution:
         ex = Execution(uuid.uuid4().hex, content, self.state_dir, background=background,
-                       files=self._spare_files)
+                       files=self._spare_files, session_lines=session_lines, init_id=init_id)
         self.executions[ex.id] = ex
         return ex
 
@@ -227,10 +243,7 @@ class CommandService:
             raise bad_request(str(exc)) from None
         os.close(out_w)
         os.close(err_w)
-        ex.pid = pid
-        self._groups[ex.id] = pid
-        self._exits[ex.id] = exited
-        _PipeWatch(ex, out_r, err_r, exited, self.settings.drain_after_exit, self._on_finished)
+        self.watch(ex, pid, exited, out_r, err_r)
         if req.timeout_ms:
             loop = asyncio.get_running_loop()
             handle = loop.call_later(req.timeout_ms / 1000, self._on_timeout, ex, req.timeout_ms)
@@ -253,6 +266,31 @@ class CommandService:
         return procs.spawn(argv, cwd=req.cwd, env=env, stdout=out_w, stderr=err_w,
                            uid=req.uid, gid=req.gid)
 
+    def watch(
+        self, ex: Execution, pid: int, exited: asyncio.Future[int], out_r: int,
+        err_r: int | None, on_finished: Callable[[Execution], None] | None = None,
+    ) -> None:
+        """Feed ``ex`` from a just-spawned process's pipes (``err_r`` None: stderr shares
+        stdout's pipe) and finish it when it ends; the process group is then reachable by
+        ``find_running_group``/``kill_running``."""
+        status = procs.REAPER.watch_status(pid)
+        ex.pid = pid
+        self._groups[ex.id] = pid
+        self._exits[ex.id] = exited
+
+        def finished(done: Execution) -> None:
+            self._on_finished(done)
+            if on_finished is not None:
+                on_finished(done)
+
+        _PipeWatch(ex, out_r, err_r, status, self.settings.drain_after_exit, finished)
+
+    def kill_running(self, exec_id: str) -> None:
+        """SIGKILL a running execution's process group (timeouts, closing sessions)."""
+        group = self.find_running_group(exec_id)
+        if group is not None:
+            procs.kill_group(group[0], signal.SIGKILL)
+
     def _on_finished(self, ex: Execution) -> None:
         self._exits.pop(ex.id, None)
         pgid = self._groups.pop(ex.id, None)
@@ -260,24 +298,44 @@ class CommandService:
             procs.REAPER.untrack_group(pgid)
 
     def _on_timeout(self, ex: Execution, timeout_ms: int) -> None:
+        """As the reference: a timed-out command's group is killed (SIGKILL) at once; it then
+        ends with exit code -1 and ``signal: killed``."""
         if not ex.running:
             return
-        ex.error = f"command timed out after {timeout_ms} ms"
         ex.timed_out = True
-        self.interrupt(ex.id, first=signal.SIGTERM)
+        self.kill_running(ex.id)
 
-    def interrupt(self, exec_id: str, *, first: int = signal.SIGINT) -> bool:
+    def find_running_group(self, exec_id: str) -> tuple[int, asyncio.Future[int] | None] | None:
+        """(process group, leader's exit future) of a running execution, else None."""
         ex = self.executions.get(exec_id)
-        if ex is None:
-            return False
         pgid = self._groups.get(exec_id)
-        if pgid is not None and ex.running:
-            asyncio.get_running_loop().create_task(
-                procs.terminate_group(
-                    pgid, self._exits.get(exec_id), first=first, grace=self.settings.interrupt_grace
-                )
+        if ex is None or pgid is None or not ex.running:
+            return None
+        return pgid, self._exits.get(exec_id)
+
+    async def interrupt(self, exec_id: str) -> None:
+        """The reference's interrupt: SIGTERM to the group, SIGKILL if it is still there after
+        the grace (3 s); returns once the group is gone. ``RuntimeFailure`` (500, as the
+        reference) when there is no such running command."""
+        if exec_id not in self.executions:
+            raise RuntimeFailure(
+                "error interruptting code context. no such session", code="RUNTIME_ERROR"
             )
-        return True
+        group = self.find_running_group(exec_id)
+        if group is None:
+            raise RuntimeFailure(
+                f"error interruptting code context. command session {exec_id} is not running",
+                code="RUNTIME_ERROR",
+            )
+        pgid, exited = group
+        await procs.terminate_group(
+            pgid, exited, signals=(signal.SIGTERM, signal.SIGKILL),
+            grace=self.settings.interrupt_grace,
+        )
+        ex = self.executions.get(exec_id)
+        if ex is not None and ex.running:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(ex.done), self.settings.interrupt_grace)
 
     # streaming -----------------------------------------------------------------------
     def stream(self, ex: Execution, last_event_id: str | None = None) -> StreamingResponse:
@@ -315,11 +373,15 @@ class CommandService:
         return self.stream(ex)
 
     async def interrupt_route(self, request: Request) -> Response:
+        """``DELETE /command?id=``: as the reference, the id may also be a bash session's,
+        which closes that session (see ``interrupt_other``)."""
         exec_id = request.query_params.get("id")
         if not exec_id:
-            raise bad_request("missing query parameter 'id'")
-        if not self.interrupt(exec_id):
-            raise not_found(f"command {exec_id} not found", code="COMMAND_NOT_FOUND")
+            raise missing_query("id")
+        if exec_id not in self.executions and self.interrupt_other is not None:
+            if await self.interrupt_other(exec_id):
+                return ok()
+        await self.interrupt(exec_id)
         return ok()
 
     async def status_route(self, request: Request) -> Response:
@@ -364,14 +426,16 @@ class _PipeWatch:
         self,
         ex: Execution,
         out_fd: int,
-        err_fd: int,
+        err_fd: int | None,
         exited: asyncio.Future[int],
         drain_after_exit: float,
         on_finished: Any,
     ) -> None:
         self.ex = ex
         self.loop = asyncio.get_running_loop()
-        self.open = {out_fd: "stdout", err_fd: "stderr"}
+        self.open = {out_fd: "stdout"}
+        if err_fd is not None:
+            self.open[err_fd] = "stderr"
         self.exited = exited
         self.drain_after_exit = drain_after_exit
         self.on_finished = on_finished
@@ -444,13 +508,8 @@ class _PipeWatch:
             return
         if self._drain_timer is not None:
             self._drain_timer.cancel()
-        code = self.exited.result()
-        timed_out = self.ex.timed_out
-        self.ex.finish(
-            code,
-            error=self.ex.error if timed_out else None,
-            ename="CommandTimeout" if timed_out else "CommandExecError",
-        )
+        code, message = describe_status(self.exited.result())
+        self.ex.finish(code, error=message if code != 0 else None)
         self.on_finished(self.ex)
         if not self.open:
             self.ex.log.seal()

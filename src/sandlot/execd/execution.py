@@ -1,24 +1,39 @@
 """One execution (a command or a session run): its output, events, status and end.
 
-Output bytes go to an ``OutputLog`` (for ``/command/{id}/logs``) and, decoded as UTF-8
-with an incremental decoder (invalid bytes become U+FFFD, split characters are kept
-whole), to stdout/stderr events in an ``EventJournal``. ``finish`` appends the final
-events: ``error`` (``CommandExecError`` with the exit code as ``evalue``, which the SDK
-turns into ``exit_code``) when the code is non-zero, then ``execution_complete``.
+Output bytes go to an ``OutputLog`` (for ``/command/{id}/logs``) and, framed into lines as
+the reference execd frames them (``lines.LineFramer``), to one stdout/stderr event per line in
+an ``EventJournal``. ``finish`` appends the final event, as the reference does: on success
+``execution_complete``; on failure only ``error`` (``CommandExecError``, ``evalue`` = the
+exit code, which the SDK turns into ``exit_code``; ``-1`` after a signal, as Go's
+``ExitCode()``; traceback = Go's ``ExitError`` text such as ``exit status 3`` or
+``signal: killed``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import os
+import signal
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 from sandlot.execd import sse
 from sandlot.execd.journal import EventJournal, OutputLog
+from sandlot.execd.lines import LineFramer
 from sandlot.execd.sparefiles import SpareFiles
+
+
+def describe_status(status: int) -> tuple[int, str]:
+    """(exit code, message) of a raw wait status, as Go's ``ExitError`` reports them: a
+    signalled process has exit code -1 and the message ``signal: <name>``."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = (signal.strsignal(sig) or f"signal {sig}").lower()
+        core = " (core dumped)" if os.WCOREDUMP(status) else ""
+        return -1, f"signal: {name}{core}"
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 255
+    return code, f"exit status {code}"
 
 
 def rfc3339(ts: float | None) -> str | None:
@@ -30,8 +45,12 @@ def rfc3339(ts: float | None) -> str | None:
 class Execution:
     def __init__(
         self, exec_id: str, content: str, state_dir: str, *, background: bool,
-        files: SpareFiles | None = None,
+        files: SpareFiles | None = None, session_lines: bool = False,
+        init_id: str | None = None,
     ) -> None:
+        """``session_lines``: frame output as the reference frames session runs (see
+        ``lines``); ``init_id``: the id the init event carries (a session run's is the
+        session's id), default the execution's own."""
         self.id = exec_id
         self.content = content
         self.background = background
@@ -49,12 +68,12 @@ class Execution:
             log_path = os.path.join(state_dir, f"{exec_id}.log")
         self.journal = EventJournal(journal_path)
         self.log = OutputLog(log_path)
-        self._decoders = {
-            "stdout": codecs.getincrementaldecoder("utf-8")(errors="replace"),
-            "stderr": codecs.getincrementaldecoder("utf-8")(errors="replace"),
+        self._framers = {
+            "stdout": LineFramer(session=session_lines),
+            "stderr": LineFramer(session=session_lines),
         }
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.journal.append(sse.init_event(exec_id))
+        self.journal.append(sse.init_event(init_id or exec_id))
 
     @property
     def running(self) -> bool:
@@ -67,26 +86,29 @@ class Execution:
         self.log.write(data)
         if self.journal.closed:
             return
-        text = self._decoders[stream].decode(data)
-        if text:
-            self.journal.append_json(sse.encode_output(stream, text))
+        lines = self._framers[stream].feed(data)
+        if lines:
+            self.journal.append_json(sse.encode_lines(stream, lines))
 
     def finish(
         self, exit_code: int, *, error: str | None = None, ename: str = "CommandExecError"
     ) -> None:
+        """End the execution: ``error`` (with ``exit_code`` as ``evalue`` and ``error``, default
+        ``exit status N``, as traceback) when it failed, else ``execution_complete``."""
         if self.finished_at is not None:
             return
-        for stream, decoder in self._decoders.items():
-            tail = decoder.decode(b"", final=True)
+        for stream, framer in self._framers.items():
+            tail = framer.flush()
             if tail and not self.journal.closed:
-                self.journal.append(sse.make_event(stream, text=tail))
+                self.journal.append_json(sse.encode_lines(stream, tail))
         self.exit_code = exit_code
         self.finished_at = time.time()
         elapsed_ms = int((time.monotonic() - self._t0) * 1000)
         if exit_code != 0 or error:
             self.error = error or f"exit status {exit_code}"
             self.journal.append(sse.error_event(ename, str(exit_code), [self.error]))
-        self.journal.append(sse.complete_event(elapsed_ms, exit_code=exit_code))
+        else:
+            self.journal.append(sse.complete_event(elapsed_ms))
         self.journal.close()
         if not self.done.done():
             self.done.set_result(None)

@@ -53,6 +53,7 @@ class Reaper:
 
     def __init__(self) -> None:
         self._waiters: dict[int, asyncio.Future[int]] = {}
+        self._status_waiters: dict[int, asyncio.Future[int]] = {}
         self._groups: set[int] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -75,6 +76,16 @@ class Reaper:
             self._waiters[pid] = fut
         return fut
 
+    def watch_status(self, pid: int) -> asyncio.Future[int]:
+        """A future resolving to the pid's raw wait status (to tell a signal from an exit
+        code); ask right after spawning, before the loop runs again."""
+        loop = self._loop or asyncio.get_running_loop()
+        fut = self._status_waiters.get(pid)
+        if fut is None:
+            fut = loop.create_future()
+            self._status_waiters[pid] = fut
+        return fut
+
     def track_group(self, pgid: int) -> None:
         self._groups.add(pgid)
 
@@ -93,6 +104,9 @@ class Reaper:
                 return
             if pid == 0:
                 return
+            raw = self._status_waiters.pop(pid, None)
+            if raw is not None and not raw.done():
+                raw.set_result(status)
             fut = self._waiters.pop(pid, None)
             if fut is not None and not fut.done():
                 fut.set_result(exit_code_from_status(status))
@@ -205,10 +219,17 @@ def _forget_group_later(pgid: int) -> None:
 
 
 async def terminate_group(
-    pgid: int, exited: asyncio.Future[int] | None, *, first: int = signal.SIGINT, grace: float = 3.0
+    pgid: int,
+    exited: asyncio.Future[int] | None,
+    *,
+    first: int = signal.SIGINT,
+    grace: float = 3.0,
+    signals: Sequence[int] | None = None,
 ) -> None:
-    """``first`` signal, then SIGTERM, then SIGKILL to the whole group, ``grace`` s apart."""
-    for sig in (first, signal.SIGTERM, signal.SIGKILL):
+    """Signal the whole group with each of ``signals`` (default ``first``, SIGTERM, SIGKILL),
+    ``grace`` s apart, stopping as soon as the leader has exited and the group is gone."""
+    sequence = tuple(signals) if signals else (first, signal.SIGTERM, signal.SIGKILL)
+    for sig in sequence:
         if not kill_group(pgid, sig):
             break
         if sig == signal.SIGKILL:

@@ -1,244 +1,153 @@
-"""Bash sessions (``/session``): one long-lived non-interactive bash per session, so the
-working directory and exported variables persist between runs.
+"""Bash sessions (``/session``), as the reference execd runs them (``bash_session.go``):
+each run is a fresh ``bash --noprofile --norc`` on a script file, started with the session's
+saved exported environment, that ``cd``s to the session's saved directory (or the run's
+``cwd``). After the command the script saves its exported variables and working directory
+for the next run. So ``cd``/``export`` persist, ``exit N`` ends only that run, a run's ``cwd``
+persists, and runs may overlap. stderr is merged into stdout; the init event carries the
+session id; output is framed as the reference frames session output (``lines``).
 
-Each run's text is written to a file and sourced (``. file < /dev/null``) by the session's
-bash, so it runs in the shell itself (``cd``/``export`` stick) but cannot read the control
-pipe. After it, bash prints an end marker carrying ``$?`` on stdout and on stderr; output
-before the marker belongs to the run. If the run calls ``exit``, the session ends and the
-run reports bash's exit status.
+Differences (sandlot's, see docs/compatibility-execd.md): the state is saved to files rather
+than parsed out of stdout; the saved environment is the whole start environment (a variable
+``unset`` in a run stays unset); a run's timeout kills its process group and ends the
+stream with an ``error`` event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
-import signal
+import shutil
 import uuid
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from sandlot.errors import Conflict
-from sandlot.execd import procs
-from sandlot.execd.commands import READ_SIZE, CommandService, find_shell, make_pipe
+from sandlot.errors import NotFound, RuntimeFailure
+from sandlot.execd import paths, procs
+from sandlot.execd.commands import CommandService, find_shell, make_pipe
 from sandlot.execd.execution import Execution
-from sandlot.execd.http import JSON, bad_request, expect_object, json_body, not_found, ok
+from sandlot.execd.http import JSON, bad_request, expect_object, json_body, ok
 from sandlot.execd.settings import Settings
 
+# Not carried from one run to the next (prompt and display variables), as the reference.
+NOT_PERSISTED = frozenset({"PS1", "PS2", "PS3", "PS4", "PROMPT_COMMAND", "_", "SHLVL"})
+MAX_PERSISTED_VALUE = 8 * 1024
 
-class _Stream:
-    """Splits one pipe's bytes into run output and end markers."""
 
-    def __init__(self, name: str, marker: bytes) -> None:
-        self.name = name
-        self.marker = marker
-        self.buf = b""
+def _valid_name(name: str) -> bool:
+    return name.isidentifier() and name.isascii()
 
-    def take(self, data: bytes) -> tuple[bytes, bytes | None]:
-        """(output to forward, marker payload if a whole marker line is now buffered)."""
-        self.buf += data
-        idx = self.buf.find(self.marker)
-        if idx >= 0:
-            end = self.buf.find(b"\n", idx + len(self.marker))
-            out, self.buf = self.buf[:idx], self.buf[idx:]
-            if end < 0:
-                return out, None
-            end -= idx
-            payload = self.buf[len(self.marker) : end]
-            self.buf = self.buf[end + 1 :]
-            return out, payload
-        # Hold back only a tail that could be the start of a marker.
-        hold = self.buf.rfind(self.marker[:1], max(0, len(self.buf) - len(self.marker) + 1))
-        if hold >= 0 and self.marker.startswith(self.buf[hold:]):
-            out, self.buf = self.buf[:hold], self.buf[hold:]
-        else:
-            out, self.buf = self.buf, b""
-        return out, None
+
+def parse_env_dump(data: bytes) -> dict[str, str]:
+    """``NAME=value\\0`` records (what the wrapper writes) as a dict, filtered as the reference
+    filters what it persists."""
+    env: dict[str, str] = {}
+    for record in data.split(b"\0"):
+        name, sep, value = record.decode(errors="surrogateescape").partition("=")
+        if not sep or not _valid_name(name) or name in NOT_PERSISTED:
+            continue
+        if len(value) > MAX_PERSISTED_VALUE:
+            continue
+        env[name] = value
+    return env
 
 
 class BashSession:
+    """A session's saved state and its running runs."""
+
     def __init__(self, service: SessionService, session_id: str, cwd: str) -> None:
         self.service = service
         self.id = session_id
         self.cwd = cwd
-        self.loop = asyncio.get_running_loop()
-        self.marker = f"\x1esandlot-end-{uuid.uuid4().hex}:".encode()
+        self.env = service.commands.base_env()
         self.dir = os.path.join(service.commands.state_dir, f"session-{session_id}")
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
-        in_r, in_w = os.pipe2(os.O_CLOEXEC)
-        out_r, out_w = make_pipe()
-        err_r, err_w = make_pipe()
-        shell = find_shell()
-        argv = [shell, "--noprofile", "--norc"] if shell.endswith("bash") else [shell]
-        try:
-            self.pid, self.exited = procs.spawn(
-                argv,
-                cwd=cwd,
-                env=service.commands.base_env(),
-                stdin=in_r,
-                stdout=out_w,
-                stderr=err_w,
-            )
-        finally:
-            os.close(in_r)
-            os.close(out_w)
-            os.close(err_w)
-        self.stdin = in_w
-        self.streams = {
-            out_r: _Stream("stdout", self.marker),
-            err_r: _Stream("stderr", self.marker),
-        }
-        for fd in self.streams:
-            self.loop.add_reader(fd, self._readable, fd)
-        self.current: Execution | None = None
-        self._markers: dict[str, bytes] = {}
-        self._counter = 0
-        self.lock = asyncio.Lock()
-        self.exited.add_done_callback(self._on_exit)
-
-    @property
-    def alive(self) -> bool:
-        return not self.exited.done()
-
-    def _readable(self, fd: int) -> None:
-        stream = self.streams[fd]
-        try:
-            data = os.read(fd, READ_SIZE)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.loop.remove_reader(fd)
-            os.close(fd)
-            out, stream.buf = stream.buf, b""
-            if self.current is not None and out:
-                self.current.feed(stream.name, out)
-            del self.streams[fd]
-            self._check_done()
-            return
-        out, payload = stream.take(data)
-        if out and self.current is not None:
-            self.current.feed(stream.name, out)
-        if payload is not None:
-            self._markers[stream.name] = payload
-        self._check_done()
-
-    def _check_done(self) -> None:
-        ex = self.current
-        if ex is None:
-            return
-        names = {s.name for s in self.streams.values()}
-        if all(n in self._markers for n in names) and "stdout" in self._markers:
-            try:
-                code = int(self._markers["stdout"].decode().strip() or "0")
-            except ValueError:
-                code = 255
-            self._finish(code)
-        elif not self.streams and self.exited.done():
-            self._finish(self.exited.result(), ended=True)
-
-    def _on_exit(self, _f: Any) -> None:
-        if not self.streams:
-            self._check_done()
-        else:
-            self.loop.call_later(0.2, self._check_done_after_exit)
-
-    def _check_done_after_exit(self) -> None:
-        if self.current is not None and self.current.running:
-            self._finish(self.exited.result(), ended=True)
-
-    def _finish(self, code: int, *, ended: bool = False) -> None:
-        ex, self.current = self.current, None
-        self._markers = {}
-        if ex is None or not ex.running:
-            return
-        timed_out = ex.timed_out
-        error = ex.error if timed_out else ("session ended" if ended and code != 0 else None)
-        ex.finish(code, error=error, ename="CommandTimeout" if timed_out else "CommandExecError")
-        ex.log.seal()
+        self.running: set[str] = set()
+        self.closed = False
 
     def run(self, command: str, cwd: str | None, timeout_ms: int | None) -> Execution:
-        if not self.alive:
-            raise Conflict(f"session {self.id} has ended", code="SESSION_ENDED")
-        if self.current is not None and self.current.running:
-            raise Conflict(f"session {self.id} is busy with another run", code="SESSION_BUSY")
-        ex = self.service.commands.new_execution(command, background=False)
-        self._counter += 1
-        script = os.path.join(self.dir, f"run-{self._counter}.sh")
-        with open(script, "w", encoding="utf-8") as fh:
-            fh.write(command)
-            fh.write("\n")
-        m = self.marker.decode()
-        prologue = f"__sl_prev=$PWD; cd -- {shlex.quote(cwd)} || true; " if cwd else ""
-        epilogue = ' cd -- "$__sl_prev";' if cwd else ""
-        line = (
-            f"{prologue}. {shlex.quote(script)} < /dev/null; __sl_ec=$?;{epilogue} "
-            f"rm -f {shlex.quote(script)}; "
-            f"printf '{m}%d\\n' \"$__sl_ec\"; printf '{m}%d\\n' \"$__sl_ec\" >&2\n"
-        )
-        self.current = ex
+        commands = self.service.commands
+        ex = commands.new_execution(command, background=False, session_lines=True,
+                                    init_id=self.id)
+        state = os.path.join(self.dir, ex.id)
+        script = state + ".sh"
+        with open(script, "w", encoding="utf-8", errors="surrogateescape") as fh:
+            fh.write(self._script(command, cwd or self.cwd, state))
+        out_r, out_w = make_pipe()
+        shell = find_shell()
+        argv = [shell, "--noprofile", "--norc", script] if shell.endswith("bash") else [shell,
+                                                                                       script]
         try:
-            os.write(self.stdin, line.encode())
+            pid, exited = procs.spawn(argv, cwd=self._start_dir(), env=self.env,
+                                      stdout=out_w, stderr=out_w)
         except OSError as exc:
-            self._finish(255, ended=True)
-            raise Conflict(f"session {self.id} has ended: {exc}", code="SESSION_ENDED") from None
+            os.close(out_r)
+            ex.finish(127, error=f"start bash: {exc.strerror or exc}")
+            ex.log.seal()
+            return ex
+        finally:
+            os.close(out_w)
+        self.running.add(ex.id)
+        commands.watch(ex, pid, exited, out_r, None,
+                       on_finished=lambda done: self._finished(done, state))
         if timeout_ms:
-            handle = self.loop.call_later(timeout_ms / 1000, self._timeout, ex, timeout_ms)
+            handle = asyncio.get_running_loop().call_later(
+                timeout_ms / 1000, self._on_timeout, ex
+            )
             ex.done.add_done_callback(lambda _f: handle.cancel())
         return ex
 
-    def _timeout(self, ex: Execution, timeout_ms: int) -> None:
-        if not ex.running:
-            return
-        ex.error = f"run timed out after {timeout_ms} ms"
-        ex.timed_out = True
-        self.loop.create_task(self._kill_run(ex))
+    def _start_dir(self) -> str:
+        workdir = self.service.settings.workdir
+        return workdir if os.path.isdir(workdir) else "/"
 
-    async def _kill_run(self, ex: Execution) -> None:
-        """Kill the run's processes (bash's descendants) until its end marker arrives."""
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL, signal.SIGKILL, signal.SIGKILL):
-            if not ex.running:
-                return
-            for pid in _descendants(self.pid):
-                try:
-                    os.kill(pid, sig)
-                except OSError:
-                    pass
-            try:
-                await asyncio.wait_for(
-                    asyncio.shield(ex.done), self.service.settings.interrupt_grace
-                )
-                return
-            except TimeoutError:
-                continue
-        # Only bash itself is left running the script (a builtin loop): end the session.
-        procs.kill_group(self.pid, signal.SIGKILL)
+    @staticmethod
+    def _script(command: str, cwd: str, state: str) -> str:
+        env_file, pwd_file = shlex.quote(state + ".env"), shlex.quote(state + ".pwd")
+        lines = []
+        if cwd:
+            lines.append(f"cd {shlex.quote(cwd)}")
+        lines.append(command if command.endswith("\n") else command + "\n")
+        lines.append(
+            "__sandlot_ec=$?\n"
+            f"for __sandlot_v in $(compgen -e); do printf '%s=%s\\0' \"$__sandlot_v\" "
+            f"\"${{!__sandlot_v}}\"; done > {env_file}\n"
+            f"pwd > {pwd_file}\n"
+            'exit "$__sandlot_ec"\n'
+        )
+        return "\n".join(lines)
+
+    def _finished(self, ex: Execution, state: str) -> None:
+        self.running.discard(ex.id)
+        if not self.closed:
+            with contextlib.suppress(OSError):
+                with open(state + ".env", "rb") as fh:
+                    env = parse_env_dump(fh.read())
+                if env:
+                    self.env = env
+            with contextlib.suppress(OSError):
+                with open(state + ".pwd", encoding="utf-8", errors="surrogateescape") as fh:
+                    pwd = fh.read().rstrip("\n")
+                if pwd:
+                    self.cwd = pwd
+        for suffix in (".sh", ".env", ".pwd"):
+            with contextlib.suppress(OSError):
+                os.unlink(state + suffix)
+
+    def _on_timeout(self, ex: Execution) -> None:
+        if ex.running:
+            ex.timed_out = True
+            self.service.commands.kill_running(ex.id)
 
     def close(self) -> None:
-        procs.kill_group(self.pid, signal.SIGKILL)
-        try:
-            os.close(self.stdin)
-        except OSError:
-            pass
-        if self.current is not None:
-            self._finish(137, ended=True)
-        import shutil
-
+        """Kill every running run (SIGKILL, as the reference) and forget the state."""
+        self.closed = True
+        for exec_id in list(self.running):
+            self.service.commands.kill_running(exec_id)
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _descendants(pid: int) -> list[int]:
-    result: list[int] = []
-    todo = procs.list_children(pid)
-    while todo:
-        p = todo.pop()
-        result.append(p)
-        todo.extend(procs.list_children(p))
-    return result
 
 
 class SessionService:
@@ -246,6 +155,7 @@ class SessionService:
         self.settings = settings
         self.commands = commands
         self.sessions: dict[str, BashSession] = {}
+        commands.interrupt_other = self._interrupt
 
     async def startup(self) -> None:
         return None
@@ -265,39 +175,56 @@ class SessionService:
     async def create_route(self, request: Request) -> Response:
         body = await json_body(request, required=False)
         data = expect_object(body) if body is not None else {}
-        cwd = data.get("cwd") or self.settings.workdir
-        if not isinstance(cwd, str) or not os.path.isdir(cwd):
-            raise bad_request(f"working directory does not exist: {cwd}")
-        sid = uuid.uuid4().hex
+        cwd = data.get("cwd") or ""
+        if not isinstance(cwd, str):
+            raise bad_request("'cwd' must be a string")
+        if cwd:
+            cwd = paths.expand(cwd)
+            try:  # the reference creates a missing directory
+                os.makedirs(cwd, exist_ok=True)
+            except OSError as exc:
+                raise RuntimeFailure(f"error creating session. {exc}") from None
+        sid = str(uuid.uuid4())
         self.sessions[sid] = BashSession(self, sid, cwd)
         return JSON({"session_id": sid})
 
-    def get(self, sid: str) -> BashSession:
-        session = self.sessions.get(sid)
-        if session is None:
-            raise not_found(f"session {sid} not found", code="SESSION_NOT_FOUND")
-        return session
-
     async def run_route(self, request: Request) -> Response:
-        session = self.get(request.path_params["sid"])
+        sid = request.path_params["sid"]
         data = expect_object(await json_body(request))
         command = data.get("command")
-        if not isinstance(command, str) or not command.strip():
-            raise bad_request("'command' (non-empty string) is required")
-        cwd = data.get("cwd")
-        if cwd is not None and (not isinstance(cwd, str) or not os.path.isdir(cwd)):
-            raise bad_request(f"working directory does not exist: {cwd}")
+        if not isinstance(command, str) or not command:
+            raise bad_request("invalid request. 'command' (non-empty string) is required")
+        cwd = data.get("cwd") or None
+        if cwd is not None:
+            if not isinstance(cwd, str):
+                raise bad_request("'cwd' must be a string")
+            cwd = paths.expand(cwd)
+            if not os.path.isdir(cwd):
+                raise bad_request(f"invalid request. working directory does not exist: {cwd}")
         timeout = data.get("timeout")
         if timeout is not None and (
             not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0
         ):
             raise bad_request("'timeout' must be a non-negative integer (milliseconds)")
+        session = self.sessions.get(sid)
+        if session is None:  # the reference answers 500 here (context not found)
+            raise RuntimeFailure("error running in session. context not found")
         ex = session.run(command, cwd, timeout or None)
         return self.commands.stream(ex)
 
     async def delete_route(self, request: Request) -> Response:
         sid = request.path_params["sid"]
-        session = self.get(sid)
-        self.sessions.pop(sid, None)
+        session = self.sessions.pop(sid, None)
+        if session is None:
+            raise NotFound(f"session {sid} not found", code="CONTEXT_NOT_FOUND")
         session.close()
         return ok()
+
+    async def _interrupt(self, target: str) -> bool:
+        """``DELETE /command?id=<session id>`` closes the session, as the reference does."""
+        session = self.sessions.pop(target, None)
+        if session is None:
+            return False
+        session.close()
+        return True
+

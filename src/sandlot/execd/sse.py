@@ -122,28 +122,41 @@ _CONTROL = bytes(c for c in range(0x20) if c not in (0x09, 0x0A, 0x0D))
 _BREAKERS_UTF8 = tuple((ch.encode(), f"\\u{ord(ch):04x}".encode()) for ch in _LINE_BREAKERS)
 
 
-def encode_output(type_: str, text: str) -> bytes:
-    """The JSON line of a ``stdout``/``stderr`` event, as ``encode_data(make_event(type_,
-    text=text))`` decodes, built with byte replaces (~5x faster than the JSON encoder on the
-    megabyte texts of a fast stream). Text with control characters other than tab/CR/LF takes
-    the JSON encoder."""
+def encode_lines(type_: str, lines: list[bytes]) -> bytes:
+    """The journal text (one JSON event per line, ``\\n``-joined) of ``stdout``/``stderr``
+    events for ``lines`` (see ``lines.LineFramer``); a blank line (``b""``) is sent as
+    ``"\\n"``, as the reference does. Invalid UTF-8 becomes U+FFFD.
+
+    Escaping runs once over all lines with byte replaces (C speed) instead of the JSON encoder
+    per line, so a stream of many short lines stays cheap; text with control characters other
+    than tab/CR takes the JSON encoder."""
+    blob = b"\n".join(lines)
     try:
-        raw = text.encode()
-    except UnicodeEncodeError:  # lone surrogates: only \u escapes can carry them
-        return json.dumps(make_event(type_, text=text), separators=(",", ":")).encode()
-    if not raw or len(raw.translate(None, _CONTROL)) != len(raw):
-        return encode_data(make_event(type_, text=text)).encode()
-    raw = (
-        raw.replace(b"\\", b"\\\\")
+        text = blob.decode()
+    except UnicodeDecodeError:
+        lines = [line.decode(errors="replace").encode() for line in lines]
+        blob = b"\n".join(lines)
+        text = blob.decode()
+    if len(blob.translate(None, _CONTROL)) != len(blob):
+        ts = now_ms()
+        return b"\n".join(
+            encode_data({"type": type_, "timestamp": ts, "text": line.decode() or "\n"}).encode()
+            for line in lines
+        )
+    escaped = (
+        blob.replace(b"\\", b"\\\\")
         .replace(b'"', b'\\"')
-        .replace(b"\n", b"\\n")
         .replace(b"\r", b"\\r")
         .replace(b"\t", b"\\t")
     )
     if not text.isascii():
-        for utf8, escaped in _BREAKERS_UTF8:
-            raw = raw.replace(utf8, escaped)
-    return b'{"type":"%s","timestamp":%d,"text":"%s"}' % (type_.encode(), now_ms(), raw)
+        for utf8, esc in _BREAKERS_UTF8:
+            escaped = escaped.replace(utf8, esc)
+    parts = escaped.split(b"\n")
+    if b"" in parts:
+        parts = [part or b"\\n" for part in parts]
+    head = b'{"type":"%s","timestamp":%d,"text":"' % (type_.encode(), now_ms())
+    return head + (b'"}\n' + head).join(parts) + b'"}'
 
 
 def encode(event: Mapping[str, Any] | str, event_id: int | str | None = None) -> bytes:
