@@ -1,15 +1,16 @@
 """``/files*`` and ``/directories*``: metadata, delete, chmod/chown, move, glob search,
 text replace, streamed multipart upload, ranged download, listing, mkdir -p, rm -r.
 
-Errors follow the contract's shape: missing path -> 404 ``FILE_NOT_FOUND``, wrong type
-(not a directory / is a directory) -> 400, no permission -> 403 ``PERMISSION_DENIED``.
-Modes travel as octal digits written in decimal (``755`` means ``0o755``).
+Errors are the reference execd's (``pkg/web/controller/filesystem*.go``): a missing path ->
+404 ``FILE_NOT_FOUND``, any other failure of the operation -> 500 ``RUNTIME_ERROR``, a missing
+query parameter -> 400 ``MISSING_QUERY``, a malformed request -> 400 ``INVALID_REQUEST_BODY``.
+Paths expand ``~`` and ``$VAR`` (see ``paths``). Modes travel as octal digits written in
+decimal (``755`` means ``0o755``).
 """
 
 from __future__ import annotations
 
 import errno
-import fnmatch
 import grp
 import os
 import pwd
@@ -21,21 +22,29 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
+from wcmatch import glob as wcglob
 
-from sandlot.errors import Forbidden, InvalidRequest, NotFound, SandlotError, Unsupported
-from sandlot.execd import memory
+from sandlot.errors import (
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    RuntimeFailure,
+    SandlotError,
+    Unsupported,
+)
+from sandlot.execd import memory, paths
 from sandlot.execd.http import (
     JSON,
     bad_request,
     expect_object,
     json_body,
+    missing_query,
     ok,
-    query_int,
-    query_paths,
 )
 from sandlot.execd.settings import Settings
 
@@ -43,27 +52,17 @@ CHUNK = 1 << 20
 
 
 # errors -------------------------------------------------------------------------------
-def os_error(exc: OSError, path: str) -> SandlotError:
-    """The contract error for an OSError on ``path``."""
+def os_error(exc: OSError, path: str, doing: str = "error accessing file") -> SandlotError:
+    """The reference's error for an OSError on ``path``: 404 ``FILE_NOT_FOUND`` when it does
+    not exist, else 500 ``RUNTIME_ERROR``."""
     reason = exc.strerror or str(exc)
     if exc.errno == errno.ENOENT:
-        return NotFound(f"{path}: no such file or directory", code="FILE_NOT_FOUND")
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return Forbidden(f"{path}: {reason}", code="PERMISSION_DENIED")
-    if exc.errno in (
-        errno.ENOTDIR,
-        errno.EISDIR,
-        errno.ENOTEMPTY,
-        errno.EEXIST,
-        errno.EXDEV,
-        errno.EINVAL,
-    ):
-        return InvalidRequest(f"{path}: {reason}", code="INVALID_PATH")
-    return SandlotError(f"{path}: {reason}", code="RUNTIME_ERROR")
+        return NotFound(f"file not found. {path}: {reason}", code="FILE_NOT_FOUND")
+    return RuntimeFailure(f"{doing} {path}. {reason}")
 
 
-def not_found(path: str) -> NotFound:
-    return NotFound(f"{path}: no such file or directory", code="FILE_NOT_FOUND")
+def failure(doing: str, path: str, reason: str) -> RuntimeFailure:
+    return RuntimeFailure(f"{doing} {path}. {reason}")
 
 
 # conversions --------------------------------------------------------------------------
@@ -103,7 +102,7 @@ def resolve_uid(owner: Any) -> int:
     try:
         return pwd.getpwnam(str(owner)).pw_uid
     except KeyError:
-        raise bad_request(f"unknown user {owner!r}") from None
+        raise RuntimeFailure(f"failed to lookup user {owner}: unknown user") from None
 
 
 def resolve_gid(group: Any) -> int:
@@ -112,7 +111,7 @@ def resolve_gid(group: Any) -> int:
     try:
         return grp.getgrnam(str(group)).gr_gid
     except KeyError:
-        raise bad_request(f"unknown group {group!r}") from None
+        raise RuntimeFailure(f"failed to lookup group {group}: unknown group") from None
 
 
 def _iso(ts: float) -> str:
@@ -179,6 +178,7 @@ class Paths:
             raise bad_request("path must be a non-empty string")
         if "\0" in path:
             raise bad_request("path must not contain NUL bytes")
+        path = paths.expand(path)
         return os.path.normpath(
             path if os.path.isabs(path) else os.path.join(self.settings.workdir, path)
         )
@@ -190,27 +190,29 @@ class FileRoutes:
         self.paths = Paths(settings)
 
     async def info(self, request: Request) -> Response:
+        """Metadata of each ``path`` (a symlink's own, not its target's); none asked: ``{}``."""
         result: dict[str, Any] = {}
-        for raw in query_paths(request):
+        for raw in [v for v in request.query_params.getlist("path") if v]:
             path = self.paths.abs(raw)
             try:
-                result[raw] = file_info(path, os.stat(path))
+                result[raw] = file_info(path, os.lstat(path))
             except OSError as exc:
                 raise os_error(exc, raw) from None
             result[raw]["path"] = path
         return JSON(result)
 
     async def remove_files(self, request: Request) -> Response:
-        for raw in query_paths(request):
+        """Delete files; one that does not exist is not an error (as the reference)."""
+        for raw in [v for v in request.query_params.getlist("path") if v]:
             path = self.paths.abs(raw)
             try:
-                if stat.S_ISDIR(os.lstat(path).st_mode):
-                    raise InvalidRequest(
-                        f"{raw}: is a directory (use DELETE /directories)", code="INVALID_PATH"
-                    )
+                if stat.S_ISDIR(os.stat(path).st_mode):
+                    raise failure("error removing file", raw, f"path is a directory: {raw}")
                 os.unlink(path)
+            except FileNotFoundError:
+                continue
             except OSError as exc:
-                raise os_error(exc, raw) from None
+                raise failure("error removing file", raw, exc.strerror or str(exc)) from None
         return ok()
 
     async def permissions(self, request: Request) -> Response:
@@ -219,12 +221,12 @@ class FileRoutes:
             path = self.paths.abs(raw)
             perm = expect_object(perm, f"permission for {raw}")
             try:
-                os.stat(path)
-                if perm.get("mode") not in (None, ""):
+                if perm.get("mode") not in (None, "", 0):
                     os.chmod(path, parse_mode(perm.get("mode"), default=0o755))
                 apply_owner(path, perm.get("owner"), perm.get("group"))
             except OSError as exc:
-                raise os_error(exc, raw) from None
+                raise failure("error changing permissions for", raw,
+                              exc.strerror or str(exc)) from None
         return ok()
 
     async def move(self, request: Request) -> Response:
@@ -241,8 +243,13 @@ class FileRoutes:
                 os.lstat(s)
             except OSError as exc:
                 raise os_error(exc, src) from None
-            if not os.path.isdir(os.path.dirname(d) or "/"):
-                raise not_found(os.path.dirname(dest) or "/")
+            try:  # as the reference: the destination's parents are made, it must not exist
+                os.makedirs(os.path.dirname(d) or "/", mode=0o755, exist_ok=True)
+            except OSError as exc:
+                raise failure("failed to create destination directory for", dest,
+                              exc.strerror or str(exc)) from None
+            if os.path.lexists(d):
+                raise failure("error renaming", src, f"destination path already exists: {dest}")
             try:
                 os.rename(s, d)
             except OSError as exc:
@@ -255,22 +262,26 @@ class FileRoutes:
         return ok()
 
     async def search(self, request: Request) -> Response:
+        """Files under ``path`` (or ``path`` itself, a file) whose base name matches the
+        doublestar ``pattern`` (default ``**``), as the reference matches them."""
         raw = request.query_params.get("path")
         if not raw:
-            raise bad_request("missing query parameter 'path'")
+            raise missing_query("path")
         root = self.paths.abs(raw)
         pattern = request.query_params.get("pattern") or "**"
         try:
-            if not stat.S_ISDIR(os.stat(root).st_mode):
-                raise InvalidRequest(f"{raw}: not a directory", code="INVALID_PATH")
+            root_st = os.stat(root)
         except OSError as exc:
             raise os_error(exc, raw) from None
         matcher = glob_matcher(pattern)
+        found = [(root, os.lstat(root))] if not stat.S_ISDIR(root_st.st_mode) else walk(
+            root, max_depth=None
+        )
         results = []
-        for path, st in walk(root, max_depth=None):
+        for path, st in found:
             if stat.S_ISDIR(st.st_mode):
                 continue
-            if matcher(os.path.relpath(path, root)):
+            if matcher(os.path.basename(path)):
                 results.append(file_info(path, st))
         return JSON(results)
 
@@ -311,13 +322,16 @@ class FileRoutes:
     async def download(self, request: Request) -> Response:
         raw = request.query_params.get("path")
         if not raw:
-            raise bad_request("missing query parameter 'path'")
+            raise missing_query("path")
         path = self.paths.abs(raw)
-        offset = query_int(request, "offset", minimum=1)
-        limit = query_int(request, "limit", minimum=1)
+        offset = _line_param(request, "offset")
+        limit = _line_param(request, "limit")
         range_header = request.headers.get("range")
         if (offset is not None or limit is not None) and range_header:
-            raise bad_request("offset/limit and the Range header are mutually exclusive")
+            raise bad_request(
+                "line-based reading (offset/limit) and byte range (Range header) are "
+                "mutually exclusive"
+            )
         try:
             # Opened only to check access; the body generator reopens it, so a response that
             # is never iterated (client gone) cannot leak a descriptor.
@@ -333,20 +347,16 @@ class FileRoutes:
                 _lines(path, offset or 1, limit), media_type="text/plain; charset=utf-8"
             )
         size = st.st_size
-        name = os.path.basename(path).replace('"', "")
         headers = {
-            "Content-Disposition": f'attachment; filename="{name}"',
+            "Content-Disposition": content_disposition(os.path.basename(path)),
             "Accept-Ranges": "bytes",
             "Last-Modified": _http_date(st.st_mtime),
         }
         if range_header:
             rng = parse_range(range_header, size)
-            if rng is None:
+            if rng is None:  # the reference's body: {"code": "UNKNOWN"}
                 return JSON(
-                    {
-                        "code": "RANGE_NOT_SATISFIABLE",
-                        "message": f"range {range_header!r} not satisfiable for size {size}",
-                    },
+                    {"code": "UNKNOWN"},
                     status_code=416,
                     headers={"Content-Range": f"bytes */{size}"},
                 )
@@ -367,24 +377,29 @@ class FileRoutes:
     async def list_dir(self, request: Request) -> Response:
         raw = request.query_params.get("path")
         if not raw:
-            raise bad_request("missing query parameter 'path'")
+            raise missing_query("path")
+        raw_depth = request.query_params.get("depth") or ""
+        depth = 1
+        if raw_depth:
+            try:
+                depth = int(raw_depth)
+            except ValueError:
+                depth = -1
+            if depth < 0:
+                raise bad_request(f"invalid query parameter 'depth': {raw_depth}")
         path = self.paths.abs(raw)
-        depth = query_int(request, "depth", minimum=0)
-        depth = 1 if depth is None else depth
         try:
             st = os.lstat(path)
         except OSError as exc:
             raise os_error(exc, raw) from None
         if stat.S_ISLNK(st.st_mode):
-            raise InvalidRequest(
-                f"{raw}: is a symbolic link; pass the real directory", code="INVALID_PATH"
-            )
+            raise bad_request(f"path is a symbolic link, refusing to traverse: {path}")
         if not stat.S_ISDIR(st.st_mode):
-            raise InvalidRequest(f"{raw}: not a directory", code="INVALID_PATH")
+            raise bad_request(f"path is not a directory: {path}")
         try:
             entries = [file_info(p, s) for p, s in walk(path, max_depth=depth)]
         except OSError as exc:
-            raise os_error(exc, raw) from None
+            raise failure("error listing directory", raw, exc.strerror or str(exc)) from None
         return JSON(entries)
 
     async def make_dirs(self, request: Request) -> Response:
@@ -394,38 +409,49 @@ class FileRoutes:
             path = self.paths.abs(raw)
             mode = parse_mode(perm.get("mode"), default=0o755)
             try:
-                if os.path.lexists(path) and not os.path.isdir(path):
-                    raise InvalidRequest(
-                        f"{raw}: exists and is not a directory", code="INVALID_PATH"
-                    )
+                existed = os.path.exists(path)
                 os.makedirs(path, exist_ok=True)
-                os.chmod(path, mode)  # makedirs' mode is filtered by the umask
-                apply_owner(path, perm.get("owner"), perm.get("group"))
+                if not existed:  # as the reference: an existing directory keeps its mode
+                    os.chmod(path, mode)  # makedirs' mode is filtered by the umask
+                    apply_owner(path, perm.get("owner"), perm.get("group"))
+            except FileExistsError:
+                raise failure("error creating directory", raw, "not a directory") from None
             except OSError as exc:
                 raise os_error(exc, raw) from None
         return ok()
 
     async def remove_dirs(self, request: Request) -> Response:
-        for raw in query_paths(request):
+        """Remove each path recursively, as ``rm -rf``: a missing one is not an error, a file
+        is removed too (as the reference's ``os.RemoveAll``); ``/`` is refused."""
+        for raw in [v for v in request.query_params.getlist("path") if v]:
             path = self.paths.abs(raw)
             if path == "/":
                 raise Forbidden("refusing to delete /", code="PERMISSION_DENIED")
             try:
                 st = os.lstat(path)
+            except FileNotFoundError:
+                continue
             except OSError as exc:
-                raise os_error(exc, raw) from None
+                raise failure("error removing directory", raw, exc.strerror or str(exc)) from None
             if not stat.S_ISDIR(st.st_mode):
-                raise InvalidRequest(
-                    f"{raw}: not a directory (use DELETE /files)", code="INVALID_PATH"
-                )
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    raise failure("error removing directory", raw,
+                                  exc.strerror or str(exc)) from None
+                continue
             failures: list[OSError] = []
 
             def collect(_f: Any, _p: str, info: Any, sink: list[OSError] = failures) -> None:
                 sink.append(info[1])
 
             shutil.rmtree(path, onerror=collect)
+            failures = [f for f in failures if not isinstance(f, FileNotFoundError)]
             if failures:
-                raise os_error(failures[0], raw)
+                raise failure("error removing directory", raw,
+                              failures[0].strerror or str(failures[0]))
         return ok()
 
 
@@ -454,50 +480,41 @@ def walk(root: str, *, max_depth: int | None) -> Iterator[tuple[str, os.stat_res
     return visit(root, 1)
 
 
+_GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.DOTGLOB
+
+
 def glob_matcher(pattern: str) -> Any:
-    """Match a path relative to the search root.
-
-    A pattern without ``/`` matches file names at any depth (``*.py``); one with ``/`` matches
-    the relative path, ``**`` spanning directories.
-    """
-    if "/" not in pattern:
-        if pattern == "**":
-            return lambda rel: True
-        return lambda rel: fnmatch.fnmatchcase(os.path.basename(rel), pattern)
-    regex = re.compile(_glob_to_regex(pattern.lstrip("/")))
-    return lambda rel: regex.fullmatch(rel) is not None
+    """Match a file's base name against a doublestar pattern (``*``, ``?``, ``[..]``,
+    ``{a,b}``, ``**``), as the reference's search does; ``**`` matches every name."""
+    if pattern == "**":
+        return lambda name: True
+    try:
+        compiled = wcglob.compile(pattern, flags=_GLOB_FLAGS)
+    except (ValueError, re.error) as exc:
+        raise RuntimeFailure(f"error searching files. invalid pattern {pattern}: {exc}") from None
+    return compiled.match
 
 
-def _glob_to_regex(pattern: str) -> str:
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif pattern[i] == "[":
-            j = pattern.find("]", i + 1)
-            if j < 0:
-                out.append(re.escape("["))
-                i += 1
-            else:
-                body = pattern[i + 1 : j].replace("\\", "\\\\")
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append(f"[{body}]")
-                i = j + 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return "".join(out)
+def content_disposition(name: str) -> str:
+    """``attachment`` with the file name; a non-ASCII name percent-encoded (RFC 5987), in
+    the reference's exact form."""
+    if name.isascii():
+        return f'attachment; filename="{name}"'
+    encoded = quote(name, safe="!$&'()*+,;=:@~")  # Go's url.PathEscape keeps these
+    return f"attachment; filename=\"{encoded}\"; filename*=UTF-8''{encoded}"
+
+
+def _line_param(request: Request, name: str) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise bad_request(f"invalid query parameter '{name}': {raw}")
+    return value
 
 
 def write_atomically(path: str, data: bytes, st: os.stat_result) -> None:
@@ -562,13 +579,18 @@ async def _chunks(path: str, start: int, end: int) -> AsyncIterator[bytes]:
 
 
 async def _lines(path: str, first: int, limit: int | None) -> AsyncIterator[bytes]:
+    """Lines ``first``.. (1-based, at most ``limit``), each without its ``\\r``/``\\n``
+    ending, joined by ``\\n`` with none after the last (the reference's shape)."""
+    written = 0
     with open(path, "rb") as fh:
         for number, line in enumerate(fh, start=1):
             if number < first:
                 continue
-            if limit is not None and number >= first + limit:
+            if limit is not None and written >= limit:
                 break
-            yield line
+            line = line.rstrip(b"\r\n")
+            yield b"\n" + line if written else line
+            written += 1
 
 
 def _http_date(ts: float) -> str:

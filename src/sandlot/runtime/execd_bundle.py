@@ -38,7 +38,7 @@ EXECD_DISTRIBUTIONS = (
     "starlette", "anyio", "sniffio", "idna", "uvicorn", "h11", "httptools", "uvloop",
     "websockets", "python-multipart", "jupyter_client", "pyzmq", "tornado", "traitlets",
     "jupyter_core", "platformdirs", "python-dateutil", "six", "psutil", "click",
-    "typing_extensions",
+    "typing_extensions", "wcmatch",
 )
 # Never needed inside a sandbox; large or GUI-only parts of the standard library.
 _STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "site-packages",

@@ -14,7 +14,7 @@ class CodeContext:
     language: str
     cwd: str | None
     kernel: Kernel | None
-    # One run at a time per context; later runs wait their turn.
+    # One run at a time per context; a run meanwhile is refused (see CodeService._execute).
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     running: str | None = None  # the execution id currently in the kernel
 

@@ -1,8 +1,11 @@
 """Turns kernel output into the contract's stream events, enforcing the size caps.
 
-Event shapes are those the released SDK parses: ``type``, ``timestamp`` (Unix ms) and one of
-``text``, ``results`` (a MIME bundle; ``text`` mirrors ``text/plain`` because that is the field the
-SDK reads), ``error`` ``{ename, evalue, traceback}``, ``execution_count``, ``execution_time``.
+Event shapes are those the released SDK parses and the reference execd sends
+(``pkg/web/controller/sse.go``, ``pkg/runtime/jupyter.go``): ``type``, ``timestamp`` (Unix ms)
+and one of ``text``, ``results`` (a MIME bundle whose ``text/plain`` entry is renamed ``text``,
+the field the SDK reads), ``error`` ``{ename, evalue, traceback}`` (preceded by a ``status``
+event ``error``), ``execution_count`` (only just before the ``result`` of an
+``execute_result``, with its count), ``execution_time``.
 """
 
 from __future__ import annotations
@@ -47,15 +50,18 @@ class EventShaper:
         if out.kind in ("stdout", "stderr"):
             return self._stream(out.kind, out.text)
         if out.kind == "result":
-            return [event("result", results=self._bundle(out.data))]
+            shaped = [event("result", results=self._bundle(out.data))]
+            if out.count:
+                self.execution_count = int(out.count)
+                shaped.insert(0, event("execution_count", execution_count=self.execution_count))
+            return shaped
         if out.kind == "error":
             self.error = error_event(out.ename, out.evalue, out.traceback)
-            return [self.error]
-        if out.kind == "count":
-            if out.count is None:
-                return []
-            self.execution_count = int(out.count)
-            return [event("execution_count", execution_count=self.execution_count)]
+            return [event("status", text="error"), self.error]
+        if out.kind == "count":  # the reference sends no event for execute_input's count
+            if out.count is not None:
+                self.execution_count = int(out.count)
+            return []
         return []
 
     def _stream(self, kind: str, text: str) -> list[Event]:
@@ -87,7 +93,6 @@ class EventShaper:
                         f"over the {self._max_result}-byte limit]")
                 plain = bundle.get("text/plain") or data.get("text/plain") or ""
                 bundle["text/plain"] = f"{plain}\n{note}".strip()
-        text = bundle.get("text/plain")
-        if isinstance(text, str):
-            bundle["text"] = text
+        if "text/plain" in bundle:  # renamed, as the reference does
+            bundle["text"] = bundle.pop("text/plain")
         return bundle

@@ -197,7 +197,9 @@ class CodeService:
     async def interrupt(self, target: str) -> None:
         """Interrupt by execution id (what the SDK sends) or by context id."""
         ctx_id = self._executions.get(target, target)
-        ctx = self.get_context(ctx_id)
+        ctx = self.contexts.get(ctx_id)
+        if ctx is None:  # the reference's answer (500) for an id it does not know
+            raise RuntimeFailure("error interruptting code context. no such session")
         if ctx.running is not None and ctx.kernel is not None:
             await ctx.kernel.interrupt()
 
@@ -234,20 +236,25 @@ class CodeService:
     ) -> None:
         shaper = EventShaper(self.settings.max_output_bytes, self.settings.max_result_bytes)
         try:
+            # As the reference: init carries the context id, and a context already running
+            # code refuses the run (error event) instead of queueing it.
+            put(event("init", text=ctx.id))
+            if ctx.lock.locked():
+                put(error_event("ContextBusy", "session is busy",
+                                [f"context {ctx.id} is running other code"]))
+                return
             async with ctx.lock:
                 self._executions[exec_id] = ctx.id
                 ctx.running = exec_id
                 started = time.monotonic()
-                put(event("init", text=exec_id))
-                put(event("status", text="busy"))
                 try:
-                    await self._run_in_kernel(ctx, code, limit, shaper, put)
+                    ended = await self._run_in_kernel(ctx, code, limit, shaper, put)
                 finally:
                     ctx.running = None
                     self._executions.pop(exec_id, None)
-                elapsed = int((time.monotonic() - started) * 1000)
-                put(event("status", text="idle"))
-                put(event("execution_complete", execution_time=elapsed))
+                if ended:
+                    elapsed = int((time.monotonic() - started) * 1000)
+                    put(event("execution_complete", execution_time=elapsed))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -258,7 +265,9 @@ class CodeService:
 
     async def _run_in_kernel(
         self, ctx: CodeContext, code: str, limit: float, shaper: EventShaper, put: Put
-    ) -> None:
+    ) -> bool:
+        """Run ``code``; False when it was cut short (timeout: the stream then ends with the
+        error alone, as the reference's cancelled runs do), else True."""
         if ctx.kernel is not None and not await ctx.kernel.is_alive():
             await self._stop(ctx)
         if ctx.kernel is None:
@@ -283,6 +292,7 @@ class CodeService:
                 note = " and the kernel was restarted (state lost)" if restarted else ""
                 message = f"execution exceeded its {limit:g} s limit and was interrupted{note}"
                 put(error_event("TimeoutError", message))
+                return False
         except asyncio.CancelledError:
             await self._interrupt_or_kill(ctx, kernel, run)
             raise
@@ -296,6 +306,7 @@ class CodeService:
                     f"the {ctx.language} kernel exited ({describe_exit(died.returncode)}); the "
                     "next run starts in a fresh kernel, so earlier state is gone",
                 ))
+        return True
 
     async def _interrupt_or_kill(
         self, ctx: CodeContext, kernel: Kernel, run: asyncio.Task[None]

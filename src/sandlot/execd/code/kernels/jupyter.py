@@ -81,7 +81,9 @@ class JupyterKernel:
                 emit(Output("stderr" if content.get("name") == "stderr" else "stdout",
                             text=content.get("text", "")))
             elif kind in ("execute_result", "display_data"):
-                emit(Output("result", data=dict(content.get("data", {}))))
+                # Only an execute_result carries an execution count (see EventShaper).
+                emit(Output("result", data=dict(content.get("data", {})),
+                            count=content.get("execution_count")))
             elif kind == "error":
                 emit(Output("error", ename=content.get("ename", ""),
                             evalue=content.get("evalue", ""),
