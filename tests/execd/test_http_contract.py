@@ -57,67 +57,80 @@ def test_bad_command_requests_are_400(execd: Execd, body: bytes) -> None:
     assert set(r.json()) == {"code", "message"}
 
 
-def test_unknown_ids_are_404(execd: Execd) -> None:
+def test_unknown_ids_get_the_reference_statuses_and_codes(execd: Execd) -> None:
+    # Read off the reference's controllers (command.go, codeinterpreting.go, pty_controller.go).
     with execd.client() as c:
-        for r in (
-            c.get("/command/status/nope"),
-            c.get("/command/nope/logs"),
-            c.delete("/command", params={"id": "nope"}),
-            c.post("/session/nope/run", json={"command": "true"}),
-            c.delete("/session/nope"),
-            c.get("/pty/nope"),
+        for r, status, code in (
+            (c.get("/command/status/nope"), 404, "INVALID_REQUEST_BODY"),
+            (c.get("/command/nope/logs"), 400, "INVALID_REQUEST_BODY"),
+            (c.delete("/command", params={"id": "nope"}), 500, "RUNTIME_ERROR"),
+            (c.delete("/command"), 400, "MISSING_QUERY"),
+            (c.post("/session/nope/run", json={"command": "true"}), 500, "RUNTIME_ERROR"),
+            (c.delete("/session/nope"), 404, "CONTEXT_NOT_FOUND"),
+            (c.get("/pty/nope"), 404, "CONTEXT_NOT_FOUND"),
         ):
-            assert r.status_code == 404, r.request.url
+            assert r.status_code == status, r.request.url
             assert set(r.json()) == {"code", "message"}
+            assert r.json()["code"] == code, r.request.url
         r = c.get("/no/such/route")
         assert r.status_code == 404 and set(r.json()) == {"code", "message"}
 
 
-def test_file_errors_have_the_contract_shape(execd: Execd, tmp_path: Path) -> None:
+def test_file_error_paths_get_the_reference_statuses_and_codes(
+    execd: Execd, tmp_path: Path
+) -> None:
+    # Each status/code read off the reference's filesystem controllers: a missing path is
+    # 404 FILE_NOT_FOUND, any other failure 500 RUNTIME_ERROR, a missing query 400
+    # MISSING_QUERY, a malformed request 400 INVALID_REQUEST_BODY.
     (tmp_path / "f").write_text("x")
     (tmp_path / "d").mkdir()
-    locked = tmp_path / "locked"
-    locked.mkdir()
+    (tmp_path / "taken").write_text("y")
+    (tmp_path / "link").symlink_to(tmp_path / "d")
+    missing = str(tmp_path / "missing")
     with execd.client() as c:
         cases = [
-            (c.get("/files/info", params={"path": str(tmp_path / "missing")}), 404),
-            (c.get("/files/download", params={"path": str(tmp_path / "missing")}), 404),
-            (c.get("/files/download", params={"path": str(tmp_path / "d")}), 400),
-            (c.delete("/files", params={"path": str(tmp_path / "d")}), 400),
-            (c.delete("/files", params={"path": str(tmp_path / "missing")}), 404),
-            (c.get("/directories/list", params={"path": str(tmp_path / "f")}), 400),
-            (c.get("/directories/list", params={"path": str(tmp_path / "missing")}), 404),
-            (c.delete("/directories", params={"path": str(tmp_path / "f")}), 400),
-            (c.get("/files/search", params={"path": str(tmp_path / "missing")}), 404),
-            (
-                c.post(
-                    "/files/mv",
-                    json=[{"src": str(tmp_path / "missing"), "dest": str(tmp_path / "x")}],
-                ),
-                404,
-            ),
-            (c.post("/directories", json={str(tmp_path / "f"): {"mode": 755}}), 400),
-            (c.post("/files/replace", json={str(tmp_path / "f"): {"old": "", "new": "y"}}), 400),
-            (
-                c.get(
-                    "/files/download",
-                    params={"path": str(tmp_path / "f")},
-                    headers={"Range": "bytes=5-9"},
-                ),
-                416,
-            ),
-            (c.get("/files/info"), 400),
-            (c.post("/files/upload", content=b"x", headers={"content-type": "text/plain"}), 400),
-            (c.post("/files/permissions", json={str(tmp_path / "f"): {"mode": 999}}), 400),
+            (c.get("/files/info", params={"path": missing}), 404, "FILE_NOT_FOUND"),
+            (c.get("/files/download", params={"path": missing}), 404, "FILE_NOT_FOUND"),
+            (c.get("/files/download"), 400, "MISSING_QUERY"),
+            (c.get("/files/download", params={"path": str(tmp_path / "f"), "offset": "0"}),
+             400, "INVALID_REQUEST_BODY"),
+            (c.get("/files/download", params={"path": str(tmp_path / "f"), "limit": "x"}),
+             400, "INVALID_REQUEST_BODY"),
+            (c.get("/files/download", params={"path": str(tmp_path / "f"), "offset": "1"},
+                   headers={"Range": "bytes=0-1"}), 400, "INVALID_REQUEST_BODY"),
+            (c.delete("/files", params={"path": str(tmp_path / "d")}), 500, "RUNTIME_ERROR"),
+            (c.get("/directories/list"), 400, "MISSING_QUERY"),
+            (c.get("/directories/list", params={"path": str(tmp_path / "f")}),
+             400, "INVALID_REQUEST_BODY"),
+            (c.get("/directories/list", params={"path": str(tmp_path / "link")}),
+             400, "INVALID_REQUEST_BODY"),
+            (c.get("/directories/list", params={"path": str(tmp_path), "depth": "-1"}),
+             400, "INVALID_REQUEST_BODY"),
+            (c.get("/directories/list", params={"path": missing}), 404, "FILE_NOT_FOUND"),
+            (c.get("/files/search"), 400, "MISSING_QUERY"),
+            (c.get("/files/search", params={"path": missing}), 404, "FILE_NOT_FOUND"),
+            (c.post("/files/mv", json=[{"src": missing, "dest": str(tmp_path / "x")}]),
+             404, "FILE_NOT_FOUND"),
+            (c.post("/files/mv", json=[{"src": str(tmp_path / "f"),
+                                        "dest": str(tmp_path / "taken")}]),
+             500, "RUNTIME_ERROR"),
+            (c.post("/files/mv", content=b"{"), 400, "INVALID_REQUEST_BODY"),
+            (c.post("/directories", json={str(tmp_path / "f" / "sub"): {"mode": 755}}),
+             500, "RUNTIME_ERROR"),
+            (c.post("/directories", content=b"[1"), 400, "INVALID_REQUEST_BODY"),
+            (c.post("/files/replace", json={str(tmp_path / "f"): {"old": "", "new": "y"}}),
+             400, "INVALID_REQUEST_BODY"),
+            (c.post("/files/permissions", json={missing: {"mode": 644}}), 500, "RUNTIME_ERROR"),
+            (c.post("/files/permissions", json={str(tmp_path / "f"): {"owner": "no-such-user"}}),
+             500, "RUNTIME_ERROR"),
         ]
-        for r, status in cases:
+        for r, status, code in cases:
             assert r.status_code == status, (r.request.method, r.request.url, r.text)
             assert set(r.json()) == {"code", "message"}, r.text
-    # 403: an unprivileged command cannot read a root-only dir; execd maps EACCES itself.
-    from sandlot.execd.files import os_error
-
-    err = os_error(PermissionError(13, "Permission denied"), "/x")
-    assert err.status == 403 and err.code == "PERMISSION_DENIED"
+            assert r.json()["code"] == code, (r.request.method, r.request.url, r.text)
+        r = c.get("/files/download", params={"path": str(tmp_path / "f")},
+                  headers={"Range": "bytes=5-9"})
+        assert r.status_code == 416 and r.json() == {"code": "UNKNOWN"}
 
 
 def test_sse_frames_have_ids_and_the_sdk_shapes(execd: Execd) -> None:
@@ -126,13 +139,17 @@ def test_sse_frames_have_ids_and_the_sdk_shapes(execd: Execd) -> None:
     assert r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
     types = [e["type"] for _, e in events]
-    assert types[0] == "init" and types[-2:] == ["error", "execution_complete"]
+    assert types[0] == "init" and types[-1] == "error"
+    assert "execution_complete" not in types  # a failure ends with the error alone
     assert all(i is not None for i, _ in events)
     assert len({i for i, _ in events}) == len(events)
     assert all(isinstance(e["timestamp"], int) for _, e in events)
-    err = events[-2][1]["error"]
-    assert err["ename"] == "CommandExecError" and err["evalue"] == "2"
-    assert isinstance(events[-1][1]["execution_time"], int)
+    err = events[-1][1]["error"]
+    assert err == {"ename": "CommandExecError", "evalue": "2", "traceback": ["exit status 2"]}
+    with execd.client() as c:
+        done = sse_events(c.post("/command", json={"command": "echo ok"}).text)
+    assert [e["type"] for _, e in done] == ["init", "stdout", "execution_complete"]
+    assert isinstance(done[-1][1]["execution_time"], int)
 
 
 def test_reconnect_with_last_event_id_resumes(execd: Execd) -> None:
@@ -147,14 +164,14 @@ def test_reconnect_with_last_event_id_resumes(execd: Execd) -> None:
             for chunk in r.iter_text():
                 buf += chunk
                 seen = sse_events(buf.rsplit("\n\n", 1)[0] + "\n\n")
-                if any(e.get("text") == "n2\n" for _, e in seen):
+                if any(e.get("text") == "n2" for _, e in seen):
                     break  # drop the connection mid-stream
         exec_id = seen[0][1]["text"]
         last_id = seen[-1][0]
         r = c.get(f"/command/{exec_id}/stream", headers={"Last-Event-ID": str(last_id)})
         rest = sse_events(r.text)
-    text = "".join(e.get("text", "") for _, e in seen[1:] + rest if e["type"] == "stdout")
-    assert text == "".join(f"n{i}\n" for i in range(1, 7))
+    lines = [e.get("text", "") for _, e in seen[1:] + rest if e["type"] == "stdout"]
+    assert lines == [f"n{i}" for i in range(1, 7)]
     assert rest[-1][1]["type"] == "execution_complete"
     assert all(int(i) > int(last_id) for i, _ in rest)
 
@@ -198,8 +215,9 @@ def test_binary_and_invalid_utf8_output(execd: Execd) -> None:
             },
         )
         events = sse_events(r.text)
-        out = "".join(e["text"] for _, e in events if e["type"] == "stdout")
-        assert out.startswith("ok\ufffd\ufffdbad\x00nul € euro\n")
+        # One event per line: a character split between two writes arrives whole.
+        assert events[1][1] == {**events[1][1], "type": "stdout",
+                                "text": "ok\ufffd\ufffdbad\x00nul € euro"}
         assert events[-1][1]["type"] == "execution_complete"
         logs = c.get(f"/command/{events[0][1]['text']}/logs")
         assert logs.content.startswith(b"ok\xff\xfebad\x00nul \xe2\x82\xac euro\n")

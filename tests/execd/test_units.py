@@ -13,6 +13,7 @@ import pytest
 from sandlot.execd import envfile, sse
 from sandlot.execd.files import glob_matcher, parse_mode, parse_range
 from sandlot.execd.journal import EventJournal, OutputLog
+from sandlot.execd.lines import LineFramer
 from sandlot.execd.metrics import CgroupPaths, Sampler
 
 
@@ -182,32 +183,91 @@ def test_parse_range(header: str, size: int, expected: tuple[int, int] | None) -
     assert parse_range(header, size) == expected
 
 
-def test_globs_and_modes() -> None:
-    assert glob_matcher("*.py")("a/b/c.py") and not glob_matcher("*.py")("a/c.txt")
-    assert glob_matcher("src/**/*.py")("src/x/y/z.py") and glob_matcher("src/**/*.py")("src/z.py")
-    assert not glob_matcher("src/*.py")("src/x/z.py")
-    assert glob_matcher("**")("anything/at/all")
+def test_search_globs_match_base_names_as_doublestar() -> None:
+    # The reference matches each file's base name (doublestar, with {a,b} and **).
+    assert glob_matcher("*.py")("c.py") and not glob_matcher("*.py")("c.txt")
+    assert glob_matcher("*.{py,txt}")("c.txt") and glob_matcher("*.{py,txt}")("c.py")
+    assert glob_matcher("**/*.py")("z.py") and glob_matcher("**")("anything")
+    assert not glob_matcher("src/*.py")("z.py")  # a base name has no directory part
+    assert glob_matcher("*")(".hidden") and glob_matcher("[ab].md")("a.md")
     assert parse_mode(755, default=0) == 0o755 and parse_mode("0644", default=0) == 0o644
     assert parse_mode(None, default=0o600) == 0o600
     with pytest.raises(Exception):  # noqa: B017 - sandlot InvalidRequest
         parse_mode(999, default=0)
 
 
-def test_output_event_fast_path_decodes_to_the_text() -> None:
+def test_output_events_decode_to_each_line_with_blank_lines_as_newline() -> None:
     import random
 
     rnd = random.Random(7)
-    alphabet = ["a", '"', "\\", "\n", "\r", "\t", "\x00", "\x1f", "\x7f", "é", "\u2028"]
-    alphabet += ["\u2029", "\x85", "😀", "\ud800", "</", "\x0b", " "]
+    alphabet = ["a", '"', "\\", "\r", "\t", "\x00", "\x1f", "\x7f", "é", "\u2028"]
+    alphabet += ["\u2029", "\x85", "😀", "</", "\x0b", " "]
     for _ in range(3000):
-        text = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 30)))
-        line = sse.encode_output("stderr", text)
-        decoded = line.decode()  # valid UTF-8 whatever the text
-        assert "\n" not in decoded and "\r" not in decoded
-        assert not any(ch in decoded for ch in ("\x85", "\u2028", "\u2029"))
-        event = json.loads(decoded)
-        assert event["type"] == "stderr" and event["text"] == text
-        assert isinstance(event["timestamp"], int)
+        texts = ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 12)))
+                 for _ in range(rnd.randint(1, 4))]
+        blob = sse.encode_lines("stderr", [t.encode() for t in texts])
+        decoded = blob.decode()  # valid UTF-8 whatever the text
+        lines = decoded.split("\n")
+        assert len(lines) == len(texts)
+        for line, text in zip(lines, texts, strict=True):
+            assert "\r" not in line
+            assert not any(ch in line for ch in ("\x85", "\u2028", "\u2029"))
+            event = json.loads(line)
+            assert event["type"] == "stderr" and event["text"] == (text or "\n")
+            assert isinstance(event["timestamp"], int)
+
+
+def test_output_events_replace_invalid_utf8() -> None:
+    event = json.loads(sse.encode_lines("stdout", [b"ok\xff\xfe"]))
+    assert event["text"] == "ok\ufffd\ufffd"
+
+
+def _frame(chunks: list[bytes], *, session: bool = False) -> list[bytes]:
+    framer = LineFramer(session=session)
+    out: list[bytes] = []
+    for chunk in chunks:
+        out.extend(framer.feed(chunk))
+    return out + framer.flush()
+
+
+@pytest.mark.parametrize(
+    ("data", "lines"),
+    [
+        (b"a\nb\n", [b"a", b"b"]),
+        (b"a\r\nb\r\n", [b"a", b"b"]),  # \r\n ends a line once
+        (b"a\rb\r", [b"a", b"b"]),  # \r alone ends a line
+        (b"a\n\nb\n", [b"a", b"", b"b"]),  # a blank line (sent as "\n")
+        (b"\r\n", [b""]),
+        (b"a\n\r\n", [b"a", b""]),
+        (b"a\r\r\nb", [b"a", b"", b"b"]),
+        (b"tail", [b"tail"]),  # the unterminated last line, at the end
+        (b"", []),
+    ],
+)
+def test_command_output_is_framed_into_lines_as_the_reference(
+    data: bytes, lines: list[bytes]
+) -> None:
+    assert _frame([data]) == lines
+    # The same lines whatever the read boundaries (a \r\n split between reads counts once).
+    for cut in range(len(data) + 1):
+        assert _frame([data[:cut], data[cut:]]) == lines
+
+
+def test_session_output_is_framed_as_a_line_scanner() -> None:
+    data = b"a\r\n\nb\rc\n\n\ntail\r"
+    assert _frame([data], session=True) == [b"a", b"b\rc", b"tail"]
+    for cut in range(len(data) + 1):
+        assert _frame([data[:cut], data[cut:]], session=True) == [b"a", b"b\rc", b"tail"]
+
+
+def test_a_line_longer_than_the_cap_is_sent_in_pieces_on_character_boundaries() -> None:
+    framer = LineFramer(max_line=10)
+    data = "é" * 12  # 24 bytes, 2 per character
+    pieces = framer.feed(data.encode()) + framer.feed(b"\n")
+    assert b"".join(pieces).decode() == data
+    assert all(len(p) <= 10 for p in pieces) and len(pieces) == 3
+    for piece in pieces:
+        piece.decode()  # never a split character
 
 
 def test_output_log_cursor_with_any_chunking(tmp_path: Path) -> None:

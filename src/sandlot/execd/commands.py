@@ -356,9 +356,10 @@ class CommandService:
         ]
 
     def get(self, exec_id: str) -> Execution:
+        """The execution; 404 as the reference answers an unknown id (its code included)."""
         ex = self.executions.get(exec_id)
         if ex is None:
-            raise not_found(f"command {exec_id} not found", code="COMMAND_NOT_FOUND")
+            raise not_found(f"command not found: {exec_id}", code="INVALID_REQUEST_BODY")
         return ex
 
     async def run_route(self, request: Request) -> Response:
@@ -388,7 +389,10 @@ class CommandService:
         return JSON(self.get(request.path_params["id"]).status())
 
     async def logs_route(self, request: Request) -> Response:
-        ex = self.get(request.path_params["id"])
+        exec_id = request.path_params["id"]
+        ex = self.executions.get(exec_id)
+        if ex is None:  # the reference answers 400 here
+            raise bad_request(f"command not found: {exec_id}")
         cursor = query_int(request, "cursor", minimum=0)
         start, end, next_cursor = ex.log.read_from_line(cursor, finished=not ex.running)
         return StreamingResponse(

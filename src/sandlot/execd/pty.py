@@ -212,7 +212,7 @@ class PtyService:
     def get(self, sid: str) -> PtySession:
         session = self.sessions.get(sid)
         if session is None:
-            raise not_found(f"pty session {sid} not found", code="SESSION_NOT_FOUND")
+            raise not_found(f"pty session {sid} not found", code="CONTEXT_NOT_FOUND")
         return session
 
     async def create_route(self, request: Request) -> Response:
@@ -261,7 +261,8 @@ class PtyService:
         session = self.sessions.get(ws.path_params["sid"])
         if session is None:
             if "websocket.http.response" in ws.scope.get("extensions", {}):
-                body = {"code": "SESSION_NOT_FOUND", "message": "pty session not found"}
+                body = {"code": "CONTEXT_NOT_FOUND",
+                        "message": f"pty session {ws.path_params['sid']} not found"}
                 await ws.send_denial_response(JSON(body, status_code=404))
             else:
                 await ws.close(code=4404, reason="pty session not found")
