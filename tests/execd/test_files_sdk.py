@@ -56,8 +56,10 @@ async def test_write_several_files_bytes_and_stream(sdk, tmp_path) -> None:  # t
 async def test_line_based_read(sdk, tmp_path) -> None:  # type: ignore[no-untyped-def]
     _, files, _ = sdk
     path = tmp_path / "lines.txt"
-    path.write_text("".join(f"l{i}\n" for i in range(1, 11)))
-    assert await files.read_file(str(path), offset=3, limit=2) == "l3\nl4\n"
+    path.write_bytes(b"".join(b"l%d\r\n" % i for i in range(1, 11)))
+    # As the reference: lines without their endings, joined by \n, none after the last.
+    assert await files.read_file(str(path), offset=3, limit=2) == "l3\nl4"
+    assert await files.read_file(str(path), offset=9) == "l9\nl10"
 
 
 async def test_directories_list_mkdir_delete(sdk, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -122,8 +124,12 @@ async def test_move_chmod_replace_search(sdk, tmp_path) -> None:  # type: ignore
         str(tmp_path / "src" / "one.py"),
         str(tmp_path / "src" / "pkg" / "three.py"),
     ]
+    # The reference matches base names: a pattern with a directory part matches nothing,
+    # {a,b} alternatives and ** work.
     found = await files.search(SearchEntry(path=str(tmp_path / "src"), pattern="pkg/*.py"))
-    assert [e.path for e in found] == [str(tmp_path / "src" / "pkg" / "three.py")]
+    assert found == []
+    found = await files.search(SearchEntry(path=str(tmp_path / "src"), pattern="{three,one}.py"))
+    assert len(found) == 2
 
 
 async def test_missing_paths_raise(sdk, tmp_path) -> None:  # type: ignore[no-untyped-def]
