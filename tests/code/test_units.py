@@ -16,14 +16,22 @@ from sandlot.execd.code.oom import OomWatch, oom_kills
 from sandlot.execd.code.settings import CodeSettings
 
 
-def test_result_bundle_keeps_every_mime_and_mirrors_text():
+def test_result_bundle_keeps_every_mime_and_renames_text_plain_to_text():
     shaper = EventShaper(1000, 1000)
     data = {"image/png": "iVBOR", "text/plain": "<Figure>", "text/html": "<b>x</b>",
             "image/svg+xml": "<svg/>", "application/json": {"a": 1}}
-    (ev,) = shaper.shape(Output("result", data=data))
+    (ev,) = shaper.shape(Output("result", data=data))  # display_data: no count, no count event
     assert ev["type"] == "result" and isinstance(ev["timestamp"], int)
-    assert {k: ev["results"][k] for k in data} == data
-    assert ev["results"]["text"] == "<Figure>"
+    assert ev["results"] == {**{k: v for k, v in data.items() if k != "text/plain"},
+                             "text": "<Figure>"}  # as the reference renames it
+
+
+def test_execution_count_only_just_before_an_execute_result():
+    shaper = EventShaper(1000, 1000)
+    assert shaper.shape(Output("count", count=4)) == []  # execute_input's count: no event
+    cnt, res = shaper.shape(Output("result", data={"text/plain": "2"}, count=4))
+    assert cnt["type"] == "execution_count" and cnt["execution_count"] == 4
+    assert res["type"] == "result" and res["results"] == {"text": "2"}
 
 
 def test_oversized_binary_result_is_dropped_with_a_note():
@@ -43,13 +51,12 @@ def test_stream_cap_marks_once_then_drops():
     assert third == []
 
 
-def test_error_and_count_events():
+def test_error_is_preceded_by_an_error_status_as_the_reference():
     shaper = EventShaper(10, 10)
-    (err,) = shaper.shape(Output("error", ename="ValueError", evalue="bad", traceback=["t"]))
+    status, err = shaper.shape(Output("error", ename="ValueError", evalue="bad", traceback=["t"]))
+    assert status["type"] == "status" and status["text"] == "error"
     assert err["error"] == {"ename": "ValueError", "evalue": "bad", "traceback": ["t"]}
     assert shaper.shape(Output("count")) == []
-    (cnt,) = shaper.shape(Output("count", count=3))
-    assert cnt["execution_count"] == 3
 
 
 def test_catalog_resolves_specs_and_aliases(tmp_path: Path):

@@ -98,11 +98,11 @@ def _run(execd: Execd, command: str, cwd: str | None = None) -> tuple[str, str, 
     assert r.status_code == 200
     out = err = ""
     code = None
-    for _, ev in sse_events(r.text):
+    for _, ev in sse_events(r.text):  # one event per line: put the newlines back
         if ev["type"] == "stdout":
-            out += ev["text"]
+            out += ev["text"] + "\n"
         elif ev["type"] == "stderr":
-            err += ev["text"]
+            err += ev["text"] + "\n"
         elif ev["type"] == "error":
             code = int(ev["error"]["evalue"])
     return out, err, code
