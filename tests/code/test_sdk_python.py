@@ -19,7 +19,7 @@ async def test_hello_and_result_dict(codes):
     assert len(ex.result) == 1
     assert "'sum': 4" in ex.result[0].text and "'py': '3." in ex.result[0].text
     assert ex.execution_count == 1
-    assert ex.complete is not None and ex.id
+    assert ex.complete is not None and ex.id == ctx.id  # init carries the context id
     await codes.delete_context(ctx.id)
 
 
@@ -52,12 +52,35 @@ async def test_interrupt_stops_busy_loop_and_context_survives(codes):
     await asyncio.wait_for(started.wait(), 30)
     await asyncio.sleep(0.3)
     t0 = time.monotonic()
+    assert ids[0] == ctx.id
     await codes.interrupt(ids[0])
     ex = await asyncio.wait_for(run, 10)
     assert time.monotonic() - t0 < 2.0
     assert ex.error is not None and ex.error.name == "KeyboardInterrupt"
     after = await codes.run("y * 6", context=ctx)
     assert after.error is None and after.result[0].text == "42"
+    await codes.delete_context(ctx.id)
+
+
+async def test_a_run_in_a_busy_context_is_refused_not_queued(codes):
+    ctx = await codes.create_context(SupportedLanguage.PYTHON)
+    started = asyncio.Event()
+
+    async def on_init(_init):
+        started.set()
+
+    slow = asyncio.create_task(codes.run(
+        "import time; time.sleep(3); 'slow done'", context=ctx,
+        handlers=ExecutionHandlers(on_init=on_init)))
+    await asyncio.wait_for(started.wait(), 30)
+    await asyncio.sleep(0.3)
+    t0 = time.monotonic()
+    refused = await codes.run("1 + 1", context=ctx)
+    assert time.monotonic() - t0 < 2.5  # did not wait for the slow run
+    assert refused.error is not None and refused.result == [] and refused.complete is None
+    assert refused.id == ctx.id
+    done = await asyncio.wait_for(slow, 30)
+    assert done.error is None and done.result[0].text == "'slow done'"
     await codes.delete_context(ctx.id)
 
 
@@ -97,7 +120,7 @@ async def test_matplotlib_figure_arrives_as_png(execd):
     assert results, events
     png = base64.b64decode(results[0]["results"]["image/png"])
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
-    assert "text/plain" in results[0]["results"]
+    assert "text" in results[0]["results"] and "text/plain" not in results[0]["results"]
     kinds = [e["type"] for e in events]
     assert kinds[0] == "init" and kinds[-1] == "execution_complete"
     assert all("timestamp" in e for e in events)

@@ -192,7 +192,7 @@ async def check_plot(sandbox: Sandbox, server: SandlotServer) -> None:
     assert results, events
     png = base64.b64decode(results[0]["results"]["image/png"])
     assert png.startswith(PNG_MAGIC)
-    assert "text/plain" in results[0]["results"]
+    assert "text" in results[0]["results"] and "text/plain" not in results[0]["results"]
 
 
 async def check_bash_and_js(ci: CodeInterpreter) -> None:
