@@ -104,12 +104,13 @@ def test_command_run_foreground(sandlot_server: SandlotServer, sid: str) -> None
         sandlot_server, "command", "run", sid, "--argv", "--", "printf", "%s|", "x", "", "a b"
     ) == ("x||a b|\n")
 
-    # -t bounds the command: it is killed and osb reports the timeout.
+    # -t bounds the command: it is killed (SIGKILL) and, as with the reference, osb reports the
+    # error with the exit code -1 of a signalled process.
     p = failed(
         sandlot_server, "command", "run", sid, "-t", "2s", "--", "sh", "-c", "echo start; sleep 60"
     )
     assert p.stdout == "start\n"
-    assert "CommandTimeout" in p.stderr
+    assert "CommandExecError: -1" in p.stderr
 
 
 def test_command_background_status_logs(sandlot_server: SandlotServer, sid: str) -> None:
