@@ -128,7 +128,9 @@ async def test_context_crud(codes, execd):
         r = c.delete(f"/code/contexts/{a.id}")
         assert r.status_code == 404 and r.json()["code"] == "CONTEXT_NOT_FOUND"
         r = c.post("/code", json={"code": "1", "context": {"id": a.id, "language": "python"}})
-        assert r.status_code == 404
+        assert r.status_code == 500 and r.json()["code"] == "RUNTIME_ERROR"  # as the reference
+        r = c.delete("/code", params={"id": "no-such-context"})
+        assert r.status_code == 500 and r.json()["code"] == "RUNTIME_ERROR"
         assert c.delete("/code/contexts").status_code == 400
         assert c.delete("/code").status_code == 400
         assert c.post("/code", content=b"{not json").status_code == 400

@@ -129,7 +129,7 @@ async def test_mcp_sandbox_workflow(sandlot_server: SandlotServer) -> None:
                 ran = await call(
                     s, "command_run", {"sandbox_id": sid, "command": "echo hi $GREETING"}
                 )
-                assert stdout_of(ran) == "hi from-mcp\n"
+                assert stdout_of(ran) == "hi from-mcp"  # one message per line, no newline
                 assert ran["exit_code"] == 0 and ran["error"] is None
                 assert ran["complete"] is not None
                 ran = await call(
@@ -141,7 +141,7 @@ async def test_mcp_sandbox_workflow(sandlot_server: SandlotServer) -> None:
                         "working_directory": "/tmp",
                     },
                 )
-                assert stdout_of(ran) == "/tmp\n" and stderr_of(ran) == "oops\n"
+                assert stdout_of(ran) == "/tmp" and stderr_of(ran) == "oops"
                 assert ran["exit_code"] == 3
                 assert ran["error"]["name"] == "CommandExecError" and ran["error"]["value"] == "3"
 
@@ -193,7 +193,7 @@ async def test_mcp_sandbox_workflow(sandlot_server: SandlotServer) -> None:
                     "command_run",
                     {"sandbox_id": sid, "command": "stat -c %a /work/mcp/notes.txt"},
                 )
-                assert stdout_of(ran) == "644\n"
+                assert stdout_of(ran) == "644"
 
                 assert await call(
                     s,

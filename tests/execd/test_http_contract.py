@@ -131,6 +131,19 @@ def test_file_error_paths_get_the_reference_statuses_and_codes(
         r = c.get("/files/download", params={"path": str(tmp_path / "f")},
                   headers={"Range": "bytes=5-9"})
         assert r.status_code == 416 and r.json() == {"code": "UNKNOWN"}
+        # Upload errors carry the reference's file codes.
+        meta = ("metadata", ("m.json", json.dumps({"path": str(tmp_path / "u")}), "text/plain"))
+        for r, code in (
+            (c.post("/files/upload", content=b"x", headers={"content-type": "text/plain"}),
+             "INVALID_FILE"),
+            (c.post("/files/upload", files=[("file", ("u", b"data", "text/plain"))]),
+             "INVALID_FILE_METADATA"),
+            (c.post("/files/upload", files=[meta]), "INVALID_FILE_CONTENT"),
+            (c.post("/files/upload", files=[("metadata", ("m.json", "{}", "text/plain")),
+                                            ("file", ("u", b"data", "text/plain"))]),
+             "INVALID_FILE_METADATA"),
+        ):
+            assert r.status_code == 400 and r.json()["code"] == code, r.text
 
 
 def test_sse_frames_have_ids_and_the_sdk_shapes(execd: Execd) -> None:

@@ -17,10 +17,9 @@ from typing import Any
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
-from sandlot.errors import SandlotError
+from sandlot.errors import InvalidRequest, SandlotError
 from sandlot.execd import memory
 from sandlot.execd.files import apply_owner, os_error, parse_mode
-from sandlot.execd.http import bad_request
 
 
 class _Target:
@@ -104,10 +103,10 @@ class _UploadParser:
             meta = self.pending_meta
             self.pending_meta = None
             if meta is None:
-                raise bad_request("each 'file' part must follow a 'metadata' part naming its path")
+                raise _invalid("INVALID_FILE_METADATA", "metadata file is missing")
             path = meta.get("path")
             if not isinstance(path, str) or not path:
-                raise bad_request("upload metadata needs a 'path'")
+                raise _invalid("INVALID_FILE_METADATA", "metadata path is empty")
             resolved = self.resolve(path)
             try:
                 self.target = _Target(resolved, meta)
@@ -118,7 +117,7 @@ class _UploadParser:
         if self.part_name == b"metadata":
             self.meta_buf += data[start:end]
             if len(self.meta_buf) > 1 << 20:
-                raise bad_request("upload metadata part is too large")
+                raise _invalid("INVALID_FILE_METADATA", "upload metadata part is too large")
         elif self.part_name == b"file" and self.target is not None:
             try:
                 self.target.write(data[start:end])
@@ -130,9 +129,9 @@ class _UploadParser:
             try:
                 meta = json.loads(bytes(self.meta_buf) or b"{}")
             except ValueError:
-                raise bad_request("upload metadata part is not valid JSON") from None
+                raise _invalid("INVALID_FILE_METADATA", "invalid metadata format") from None
             if not isinstance(meta, dict):
-                raise bad_request("upload metadata must be a JSON object")
+                raise _invalid("INVALID_FILE_METADATA", "invalid metadata format: not an object")
             self.pending_meta = meta
         elif self.part_name == b"file" and self.target is not None:
             target, self.target = self.target, None
@@ -147,11 +146,17 @@ class _UploadParser:
             self.files += 1
 
 
+def _invalid(code: str, message: str) -> InvalidRequest:
+    """A 400 with the reference's upload error codes (INVALID_FILE, INVALID_FILE_METADATA,
+    INVALID_FILE_CONTENT)."""
+    return InvalidRequest(message, code=code)
+
+
 async def receive_upload(request: Request, resolve: Callable[[str], str]) -> int:
     """Parse the request body into files on disk; returns how many were written."""
     ctype, params = parse_options_header(request.headers.get("content-type", ""))
     if ctype != b"multipart/form-data" or b"boundary" not in params:
-        raise bad_request("upload needs a multipart/form-data body with a boundary")
+        raise _invalid("INVALID_FILE", "multipart form is empty")
     state = _UploadParser(resolve)
     parser = MultipartParser(params[b"boundary"], callbacks=state.callbacks())  # type: ignore[arg-type]
     try:
@@ -162,11 +167,13 @@ async def receive_upload(request: Request, resolve: Callable[[str], str]) -> int
     except SandlotError:
         raise
     except Exception as exc:  # the parser's own errors: malformed body
-        raise bad_request(f"malformed multipart body: {exc}") from None
+        raise _invalid("INVALID_FILE", f"malformed multipart body: {exc}") from None
     finally:
         if state.target is not None:
             state.target.abort()
         memory.trim_soon()
     if state.files == 0:
-        raise bad_request("upload contained no 'file' part")
+        if state.pending_meta is None:
+            raise _invalid("INVALID_FILE_METADATA", "metadata file is missing")
+        raise _invalid("INVALID_FILE_CONTENT", "file is missing")
     return state.files

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from sandlot.errors import InvalidRequest
+from sandlot.errors import InvalidRequest, RuntimeFailure
 from sandlot.execd import sse
 
 if TYPE_CHECKING:
@@ -88,6 +88,8 @@ def build_routes(service: CodeService) -> list[BaseRoute]:
         context_id = _str_field(context, "id")
         language = _str_field(context, "language")
         if context_id is not None:
+            if context_id not in service.contexts:  # the reference's answer: 500, not 404
+                raise RuntimeFailure("error running codes context not found")
             ctx = service.get_context(context_id)
             if language is not None and service.catalog.specs.get(ctx.language) is not None \
                     and service._spec(language).language != ctx.language:
