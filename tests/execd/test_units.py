@@ -13,7 +13,7 @@ import pytest
 from sandlot.execd import envfile, sse
 from sandlot.execd.files import glob_matcher, parse_mode, parse_range
 from sandlot.execd.journal import EventJournal, OutputLog
-from sandlot.execd.lines import LineFramer
+from sandlot.execd.lines import LineFramer, split_region
 from sandlot.execd.metrics import CgroupPaths, Sampler
 
 
@@ -224,10 +224,8 @@ def test_output_events_replace_invalid_utf8() -> None:
 
 def _frame(chunks: list[bytes], *, session: bool = False) -> list[bytes]:
     framer = LineFramer(session=session)
-    out: list[bytes] = []
-    for chunk in chunks:
-        out.extend(framer.feed(chunk))
-    return out + framer.flush()
+    region = b"".join(framer.feed(chunk) for chunk in chunks) + framer.flush()
+    return split_region(region)
 
 
 @pytest.mark.parametrize(
@@ -263,7 +261,7 @@ def test_session_output_is_framed_as_a_line_scanner() -> None:
 def test_a_line_longer_than_the_cap_is_sent_in_pieces_on_character_boundaries() -> None:
     framer = LineFramer(max_line=10)
     data = "é" * 12  # 24 bytes, 2 per character
-    pieces = framer.feed(data.encode()) + framer.feed(b"\n")
+    pieces = split_region(framer.feed(data.encode()) + framer.feed(b"\n"))
     assert b"".join(pieces).decode() == data
     assert all(len(p) <= 10 for p in pieces) and len(pieces) == 3
     for piece in pieces:

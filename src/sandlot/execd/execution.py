@@ -86,9 +86,9 @@ class Execution:
         self.log.write(data)
         if self.journal.closed:
             return
-        lines = self._framers[stream].feed(data)
-        if lines:
-            self.journal.append_json(sse.encode_lines(stream, lines))
+        region = self._framers[stream].feed(data)
+        if region:
+            self.journal.append_json(sse.encode_region(stream, region))
 
     def finish(
         self, exit_code: int, *, error: str | None = None, ename: str = "CommandExecError"
@@ -100,7 +100,7 @@ class Execution:
         for stream, framer in self._framers.items():
             tail = framer.flush()
             if tail and not self.journal.closed:
-                self.journal.append_json(sse.encode_lines(stream, tail))
+                self.journal.append_json(sse.encode_region(stream, tail))
         self.exit_code = exit_code
         self.finished_at = time.time()
         elapsed_ms = int((time.monotonic() - self._t0) * 1000)

@@ -5,9 +5,13 @@ Two readings, both the reference's (``components/execd/pkg/runtime``):
 
 - commands (``command_common.go`` ``readFromPos``): ``\\n``, ``\\r`` and ``\\r\\n`` each end a
   line (``\\r\\n`` once, also when split between two reads); a blank line is sent as ``"\\n"``
-  (here ``b""``, see ``sse.encode_lines``); an unterminated last line is flushed at the end.
+  (see ``sse.encode_region``); an unterminated last line is flushed at the end.
 - sessions (``bash_session.go``, a ``bufio.Scanner`` with ``ScanLines``): only ``\\n`` ends a
   line, one ``\\r`` before it is dropped, blank lines are not sent at all.
+
+The framer hands out *regions*: the complete lines of a read, each ending in ``\\n`` (so a
+blank line is an empty line), which ``sse.encode_region`` turns into events with a few byte
+replaces rather than a Python step per line.
 
 The reference holds a line of any length in memory; here a line reaching ``MAX_LINE`` bytes is
 sent in ``MAX_LINE`` pieces (cut on a UTF-8 character boundary) so one endless line cannot
@@ -19,7 +23,7 @@ from __future__ import annotations
 import re
 
 MAX_LINE = 16 << 20
-_TERMINATOR = re.compile(rb"\r\n|\r|\n")
+_TERMINATOR = re.compile(rb"\r\n|\r")
 
 
 def _utf8_cut(data: bytes, limit: int) -> int:
@@ -41,8 +45,8 @@ class LineFramer:
         self._after_cr = False
         self.max_line = max_line
 
-    def feed(self, data: bytes) -> list[bytes]:
-        """The lines ``data`` completes (blank lines as ``b""`` in command mode)."""
+    def feed(self, data: bytes) -> bytes:
+        """The lines ``data`` completes, each ending in ``\\n`` (``b""`` when none)."""
         if self._session:
             return self._feed_session(data)
         if self._after_cr:
@@ -56,45 +60,46 @@ class LineFramer:
         last = max(data.rfind(b"\n"), data.rfind(b"\r")) if has_cr else data.rfind(b"\n")
         if last < 0:
             return self._hold(data)
-        head, tail = data[: last + 1], data[last + 1 :]
-        if not tail and head[-1:] == b"\r":
-            self._after_cr = True
-        lines = _TERMINATOR.split(head) if has_cr else head.split(b"\n")
-        lines.pop()  # the empty text after the last terminator
-        if tail:
-            lines.extend(self._hold(tail))
-        return lines
+        region, tail = data[: last + 1], data[last + 1 :]
+        if has_cr:
+            if not tail and region[-1:] == b"\r":
+                self._after_cr = True
+            region = _TERMINATOR.sub(b"\n", region)
+        return region + self._hold(tail) if tail else region
 
-    def _feed_session(self, data: bytes) -> list[bytes]:
+    def _feed_session(self, data: bytes) -> bytes:
         if self._pending:
             data = self._pending + data
             self._pending = b""
         last = data.rfind(b"\n")
         if last < 0:
             return self._hold(data)
-        lines = data[:last].split(b"\n")
-        if b"\r" in data:
-            lines = [line[:-1] if line[-1:] == b"\r" else line for line in lines]
-        lines = [line for line in lines if line]
-        tail = data[last + 1 :]
-        if tail:
-            lines.extend(self._hold(tail))
-        return lines
+        region, tail = data[: last + 1], data[last + 1 :]
+        if b"\r\n" in region or b"\n\n" in region or region[:1] == b"\n":
+            lines = region[:-1].split(b"\n")
+            kept = [line[:-1] if line[-1:] == b"\r" else line for line in lines]
+            region = b"".join(line + b"\n" for line in kept if line)
+        return region + self._hold(tail) if tail else region
 
-    def _hold(self, partial: bytes) -> list[bytes]:
+    def _hold(self, partial: bytes) -> bytes:
         """Keep ``partial`` for later; pieces of it beyond ``max_line`` go out now."""
-        out: list[bytes] = []
+        out = b""
         while len(partial) >= self.max_line:
             cut = _utf8_cut(partial, self.max_line)
-            out.append(partial[:cut])
+            out += partial[:cut] + b"\n"
             partial = partial[cut:]
         self._pending = partial
         return out
 
-    def flush(self) -> list[bytes]:
-        """The unterminated last line, at the end of the output (none when there is none)."""
+    def flush(self) -> bytes:
+        """The unterminated last line, at the end of the output (``b""`` when none)."""
         rest, self._pending = self._pending, b""
         self._after_cr = False
         if self._session and rest.endswith(b"\r"):
             rest = rest[:-1]
-        return [rest] if rest else []
+        return rest + b"\n" if rest else b""
+
+
+def split_region(region: bytes) -> list[bytes]:
+    """The lines of a region (tests and slow paths)."""
+    return region.split(b"\n")[:-1] if region else []

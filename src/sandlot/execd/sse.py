@@ -122,29 +122,27 @@ _CONTROL = bytes(c for c in range(0x20) if c not in (0x09, 0x0A, 0x0D))
 _BREAKERS_UTF8 = tuple((ch.encode(), f"\\u{ord(ch):04x}".encode()) for ch in _LINE_BREAKERS)
 
 
-def encode_lines(type_: str, lines: list[bytes]) -> bytes:
+def encode_region(type_: str, region: bytes) -> bytes:
     """The journal text (one JSON event per line, ``\\n``-joined) of ``stdout``/``stderr``
-    events for ``lines`` (see ``lines.LineFramer``); a blank line (``b""``) is sent as
-    ``"\\n"``, as the reference does. Invalid UTF-8 becomes U+FFFD.
+    events for the lines of ``region`` (each ends in ``\\n``, see ``lines.LineFramer``); a
+    blank line is sent as ``"\\n"``, as the reference does. Invalid UTF-8 becomes U+FFFD.
 
-    Escaping runs once over all lines with byte replaces (C speed) instead of the JSON encoder
-    per line, so a stream of many short lines stays cheap; text with control characters other
-    than tab/CR takes the JSON encoder."""
-    blob = b"\n".join(lines)
+    The whole region is escaped and cut into events with byte replaces (C speed) rather than
+    a Python step per line, so a stream of many short lines stays cheap; text with control
+    characters other than tab/CR takes the JSON encoder line by line."""
     try:
-        text = blob.decode()
+        text = region.decode()
     except UnicodeDecodeError:
-        lines = [line.decode(errors="replace").encode() for line in lines]
-        blob = b"\n".join(lines)
-        text = blob.decode()
-    if len(blob.translate(None, _CONTROL)) != len(blob):
+        region = region.decode(errors="replace").encode()
+        text = region.decode()
+    if len(region.translate(None, _CONTROL)) != len(region):
         ts = now_ms()
         return b"\n".join(
-            encode_data({"type": type_, "timestamp": ts, "text": line.decode() or "\n"}).encode()
-            for line in lines
+            encode_data({"type": type_, "timestamp": ts, "text": line or "\n"}).encode()
+            for line in text[:-1].split("\n")
         )
     escaped = (
-        blob.replace(b"\\", b"\\\\")
+        region.replace(b"\\", b"\\\\")
         .replace(b'"', b'\\"')
         .replace(b"\r", b"\\r")
         .replace(b"\t", b"\\t")
@@ -152,11 +150,17 @@ def encode_lines(type_: str, lines: list[bytes]) -> bytes:
     if not text.isascii():
         for utf8, esc in _BREAKERS_UTF8:
             escaped = escaped.replace(utf8, esc)
-    parts = escaped.split(b"\n")
-    if b"" in parts:
-        parts = [part or b"\\n" for part in parts]
+    if b"\n\n" in escaped or escaped[:1] == b"\n":  # blank lines: their text is "\n"
+        escaped = b"\0" + escaped if escaped[:1] == b"\n" else escaped
+        escaped = escaped.replace(b"\n\n", b"\n\0\n").replace(b"\n\n", b"\n\0\n")
+        escaped = escaped.replace(b"\0", b"\\n")  # \0 is free: no control characters here
     head = b'{"type":"%s","timestamp":%d,"text":"' % (type_.encode(), now_ms())
-    return head + (b'"}\n' + head).join(parts) + b'"}'
+    return head + escaped[:-1].replace(b"\n", b'"}\n' + head) + b'"}'
+
+
+def encode_lines(type_: str, lines: list[bytes]) -> bytes:
+    """``encode_region`` of ``lines`` (terminators already stripped)."""
+    return encode_region(type_, b"".join(line + b"\n" for line in lines))
 
 
 def encode(event: Mapping[str, Any] | str, event_id: int | str | None = None) -> bytes:
