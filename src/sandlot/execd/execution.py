@@ -114,7 +114,8 @@ class Execution:
             self.done.set_result(None)
 
     def status(self) -> dict[str, Any]:
-        return {
+        """``CommandStatusResponse``; unset fields are left out, as the reference leaves them."""
+        status = {
             "id": self.id,
             "content": self.content,
             "running": self.running,
@@ -123,6 +124,7 @@ class Execution:
             "started_at": rfc3339(self.started_at),
             "finished_at": rfc3339(self.finished_at),
         }
+        return {k: v for k, v in status.items() if v is not None and v != ""}
 
     def discard(self) -> None:
         self.journal.discard()
