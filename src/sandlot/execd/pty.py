@@ -4,20 +4,23 @@
   login-less shell (or ``command`` through the shell) on a new pseudo-terminal.
 - ``GET /pty/{id}`` -> ``{session_id, running, output_offset, exit_code}``.
 - ``DELETE /pty/{id}``: kills the terminal's process group and forgets it.
-- ``GET /pty/{id}/ws[?since=N]`` (WebSocket). Server frames are JSON: ``replay`` ``{data,
-  offset}`` (buffered output from byte ``since``, default 0), ``connected`` ``{session_id,
-  mode: "pty"}``, ``stdout`` ``{data, timestamp}``, ``exit`` ``{exit_code}``, ``pong``,
-  ``error`` ``{error, code}``. Client frames: ``stdin`` ``{data}`` (binary frames are raw
-  stdin too), ``resize`` ``{cols, rows}``, ``signal`` ``{signal: "SIGINT"}``, ``ping``.
+- ``GET /pty/{id}/ws[?since=N][&takeover=1]`` (WebSocket), the reference's frame protocol
+  (``pkg/web/controller/pty_ws.go``, ``pkg/web/model/pty_ws.go``). Server: a binary replay
+  frame ``0x03`` + 8-byte big-endian offset of its first byte + the buffered output from byte
+  ``since`` (default 0), then JSON ``connected`` ``{session_id, mode: "pty"}``; output as
+  binary ``0x01`` + bytes; JSON ``exit`` ``{exit_code}`` then a normal close ("process
+  exited"); JSON ``pong`` and ``error`` ``{error, code}``. Client: binary ``0x00`` + stdin
+  bytes, or JSON ``stdin`` ``{data}``, ``resize`` ``{cols, rows}``, ``signal`` ``{signal}``,
+  ``ping``. One client at a time: another gets 409 ``ALREADY_CONNECTED`` unless it asks
+  ``takeover=1``, which closes the holder with 4001 ``TAKEN_OVER``.
 
-A dropped WebSocket leaves the terminal running; reconnecting with ``since`` = the last
-``offset``/byte count seen replays what was missed (up to the last ``RING_BYTES``).
+A dropped WebSocket leaves the terminal running; reconnecting with ``since`` = the byte count
+seen replays what was missed (up to the last ``RING_BYTES``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import fcntl
 import os
@@ -32,13 +35,18 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from sandlot.execd import procs, sse
+from sandlot.execd import procs
 from sandlot.execd.commands import find_shell
 from sandlot.execd.http import JSON, bad_request, expect_object, json_body, not_found, ok
 from sandlot.execd.settings import Settings
 
 RING_BYTES = 4 << 20
 QUEUE_FRAMES = 4096
+BIN_STDIN, BIN_STDOUT, BIN_REPLAY = 0x00, 0x01, 0x03
+CLOSE_TAKEN_OVER = 4001
+TAKEOVER_WAIT = 5.0
+
+Frame = dict[str, Any] | bytes
 
 
 def set_winsize(fd: int, rows: int, cols: int) -> None:
@@ -78,7 +86,9 @@ class PtySession:
         self.ring_start = 0  # offset of ring[0]
         self.exit_code: int | None = None
         self.eof = False
-        self.clients: set[asyncio.Queue[dict[str, Any] | None]] = set()
+        self.clients: set[asyncio.Queue[Frame | None]] = set()
+        self.holder: WebSocket | None = None  # the one attached client
+        self.released = asyncio.Event()
         self.loop.add_reader(master, self._readable)
         self.exited.add_done_callback(self._on_exit)
 
@@ -104,10 +114,7 @@ class PtySession:
             drop = len(self.ring) - RING_BYTES
             del self.ring[:drop]
             self.ring_start += drop
-        text = data.decode("utf-8", errors="replace")
-        self._broadcast(
-            {"type": "stdout", "data": text, "offset": self.offset, "timestamp": sse.now_ms()}
-        )
+        self._broadcast(bytes((BIN_STDOUT,)) + data)
 
     def _on_exit(self, fut: asyncio.Future[int]) -> None:
         self.exit_code = fut.result()
@@ -125,7 +132,7 @@ class PtySession:
             self._exit_sent = True
             self._broadcast({"type": "exit", "exit_code": self.exit_code})
 
-    def _broadcast(self, frame: dict[str, Any]) -> None:
+    def _broadcast(self, frame: Frame) -> None:
         for q in list(self.clients):
             try:
                 q.put_nowait(frame)
@@ -135,8 +142,9 @@ class PtySession:
                     q.put_nowait(None)  # tell that client's writer it fell behind
 
     def replay(self, since: int) -> tuple[bytes, int]:
-        start = max(since, self.ring_start)
-        return bytes(self.ring[start - self.ring_start :]), self.offset
+        """Buffered output from byte ``since`` on, and the offset of its first byte."""
+        start = min(max(since, self.ring_start), self.offset)
+        return bytes(self.ring[start - self.ring_start :]), start
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -272,41 +280,69 @@ class PtyService:
             since = int(since_raw) if since_raw else 0
         except ValueError:
             since = 0
+        if session.holder is not None and ws.query_params.get("takeover") != "1":
+            body = {"code": "ALREADY_CONNECTED",
+                    "message": f"another client is already connected to pty session {session.id}"}
+            if "websocket.http.response" in ws.scope.get("extensions", {}):
+                await ws.send_denial_response(JSON(body, status_code=409))
+            else:
+                await ws.close(code=4409, reason="ALREADY_CONNECTED")
+            return
         await ws.accept()
-        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=QUEUE_FRAMES)
-        data, offset = session.replay(since)
-        if data:
-            await ws.send_json(
-                {"type": "replay", "data": data.decode("utf-8", errors="replace"), "offset": offset}
-            )
-        await ws.send_json(
-            {"type": "connected", "session_id": session.id, "mode": "pty", "offset": offset}
-        )
-        session.clients.add(queue)
-        if session.exit_code is not None and session.eof:
-            queue.put_nowait({"type": "exit", "exit_code": session.exit_code})
-        writer = asyncio.create_task(self._pump(ws, queue))
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        if session.holder is not None and not await self._take_over(session):
+            await ws.send_json({"type": "error", "code": "ALREADY_CONNECTED",
+                                "error": f"takeover timed out for pty session {session.id}"})
+            await ws.close()
+            return
+        session.holder = ws
+        session.released.clear()
+        queue: asyncio.Queue[Frame | None] = asyncio.Queue(maxsize=QUEUE_FRAMES)
         try:
-            while True:
-                message = await ws.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                if message.get("bytes") is not None:
-                    session.write(message["bytes"])
-                    continue
-                self._client_frame(session, message.get("text") or "", queue, decoder)
-        except WebSocketDisconnect:
-            pass
+            data, start = session.replay(since)
+            if data:
+                await ws.send_bytes(bytes((BIN_REPLAY,)) + start.to_bytes(8, "big") + data)
+            await ws.send_json({"type": "connected", "session_id": session.id, "mode": "pty"})
+            session.clients.add(queue)
+            if session.exit_code is not None and session.eof:
+                queue.put_nowait({"type": "exit", "exit_code": session.exit_code})
+            writer = asyncio.create_task(self._pump(ws, queue))
+            try:
+                while True:
+                    message = await ws.receive()
+                    if message["type"] == "websocket.disconnect":
+                        break
+                    raw = message.get("bytes")
+                    if raw is not None:
+                        if raw[:1] == bytes((BIN_STDIN,)) and session.running:
+                            session.write(raw[1:])
+                        continue
+                    self._client_frame(session, message.get("text") or "", queue)
+            finally:
+                writer.cancel()
+                with contextlib.suppress(BaseException):
+                    await writer
+        except (WebSocketDisconnect, RuntimeError):
+            pass  # the client went away (or was taken over) while we wrote
         finally:
             session.clients.discard(queue)
-            writer.cancel()
-            with contextlib.suppress(BaseException):
-                await writer
+            if session.holder is ws:
+                session.holder = None
+                session.released.set()
 
-    def _client_frame(
-        self, session: PtySession, text: str, queue: asyncio.Queue[Any], decoder: Any
-    ) -> None:
+    @staticmethod
+    async def _take_over(session: PtySession) -> bool:
+        """Close the attached client (4001 ``TAKEN_OVER``) and wait for it to let go."""
+        holder = session.holder
+        if holder is not None:
+            with contextlib.suppress(Exception):
+                await holder.close(code=CLOSE_TAKEN_OVER, reason="TAKEN_OVER")
+        try:
+            await asyncio.wait_for(session.released.wait(), TAKEOVER_WAIT)
+        except TimeoutError:
+            return False
+        return session.holder is None
+
+    def _client_frame(self, session: PtySession, text: str, queue: asyncio.Queue[Any]) -> None:
         import json
 
         def reply(frame: dict[str, Any]) -> None:
@@ -332,7 +368,7 @@ class PtyService:
             elif kind == "signal":
                 session.signal(str(frame.get("signal") or "SIGINT"))
             elif kind == "ping":
-                reply({"type": "pong", "timestamp": sse.now_ms()})
+                reply({"type": "pong"})
             else:
                 reply(
                     {
@@ -344,9 +380,12 @@ class PtyService:
         except (ValueError, OSError) as exc:
             reply({"type": "error", "error": str(exc), "code": "INVALID_FRAME"})
 
-    async def _pump(self, ws: WebSocket, queue: asyncio.Queue[dict[str, Any] | None]) -> None:
+    async def _pump(self, ws: WebSocket, queue: asyncio.Queue[Frame | None]) -> None:
         while True:
             frame = await queue.get()
+            if isinstance(frame, bytes):
+                await ws.send_bytes(frame)
+                continue
             if frame is None:
                 await ws.send_json(
                     {
@@ -358,3 +397,6 @@ class PtyService:
                 await ws.close(code=1013)
                 return
             await ws.send_json(frame)
+            if frame.get("type") == "exit":  # as the reference: then a normal close
+                await ws.close(code=1000, reason="process exited")
+                return
