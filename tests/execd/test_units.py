@@ -359,3 +359,15 @@ async def test_self_ending_stream_stops_and_closes_its_source_when_the_client_go
     sent, gone = await _asgi_stream(sse.self_ending_sse_response(endless()), 0.2)
     assert gone and closed.is_set()
     assert 2 <= len(sent) - 1 <= 8  # stopped at the chunk after the disconnect
+
+
+def test_session_env_dump_keeps_what_the_reference_persists() -> None:
+    from sandlot.execd.sessions import MAX_PERSISTED_VALUE, parse_env_dump
+
+    big = "x" * (MAX_PERSISTED_VALUE + 1)
+    dump = b"\0".join(
+        f"{k}={v}".encode()
+        for k, v in {"KEEP": "a=b\nc", "PS1": "$ ", "PROMPT_COMMAND": "x", "BIG": big,
+                     "EMPTY": ""}.items()
+    ) + b"\0bad name=1\0"
+    assert parse_env_dump(dump) == {"KEEP": "a=b\nc", "EMPTY": ""}

@@ -122,17 +122,19 @@ class BashSession:
 
     def _finished(self, ex: Execution, state: str) -> None:
         self.running.discard(ex.id)
-        if not self.closed:
+        pwd = ""
+        with contextlib.suppress(OSError):
+            with open(state + ".pwd", encoding="utf-8", errors="surrogateescape") as fh:
+                pwd = fh.read().rstrip("\n")
+        # The working directory is written after the exports: without it (``exit``, a kill
+        # during the dump) the run saved nothing complete, and the session keeps its state.
+        if pwd and not self.closed:
             with contextlib.suppress(OSError):
                 with open(state + ".env", "rb") as fh:
                     env = parse_env_dump(fh.read())
                 if env:
                     self.env = env
-            with contextlib.suppress(OSError):
-                with open(state + ".pwd", encoding="utf-8", errors="surrogateescape") as fh:
-                    pwd = fh.read().rstrip("\n")
-                if pwd:
-                    self.cwd = pwd
+            self.cwd = pwd
         for suffix in (".sh", ".env", ".pwd"):
             with contextlib.suppress(OSError):
                 os.unlink(state + suffix)
