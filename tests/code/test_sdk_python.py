@@ -57,6 +57,7 @@ async def test_interrupt_stops_busy_loop_and_context_survives(codes):
     ex = await asyncio.wait_for(run, 10)
     assert time.monotonic() - t0 < 2.0
     assert ex.error is not None and ex.error.name == "KeyboardInterrupt"
+    assert ex.complete is not None  # the kernel went idle: complete follows, as the reference
     after = await codes.run("y * 6", context=ctx)
     assert after.error is None and after.result[0].text == "42"
     await codes.delete_context(ctx.id)
@@ -89,6 +90,7 @@ async def test_syntax_error_is_an_error_event(codes):
     assert ex.error is not None
     assert ex.error.name == "SyntaxError"
     assert ex.result == []
+    assert ex.complete is not None  # a kernel error is followed by complete (reference)
 
 
 async def test_matplotlib_figure_arrives_as_png(execd):
