@@ -63,7 +63,7 @@ async def run(env: BenchEnv) -> list[Row]:
             got = [0]
 
             async def count(msg: OutputMessage, got: list[int] = got) -> None:
-                got[0] += len(msg.text)
+                got[0] += len(msg.text) + 1  # one message per line, its newline stripped
 
             t0 = time.perf_counter()
             await sandbox.commands.run(
