@@ -35,7 +35,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from sandlot.execd import procs
+from sandlot.errors import RuntimeFailure
+from sandlot.execd import paths, procs
 from sandlot.execd.commands import find_shell
 from sandlot.execd.http import JSON, bad_request, expect_object, json_body, not_found, ok
 from sandlot.execd.settings import Settings
@@ -227,8 +228,13 @@ class PtyService:
         body = await json_body(request, required=False)
         data = expect_object(body) if body is not None else {}
         cwd = data.get("cwd") or self.settings.workdir
-        if not isinstance(cwd, str) or not os.path.isdir(cwd):
-            raise bad_request(f"working directory does not exist: {cwd}")
+        if not isinstance(cwd, str):
+            raise bad_request("'cwd' must be a string")
+        cwd = paths.expand(cwd)
+        try:  # as the reference: ~/$VAR expanded, a missing directory created
+            os.makedirs(cwd, exist_ok=True)
+        except OSError as exc:
+            raise RuntimeFailure(f"error creating pty session: {exc}") from None
         rows, cols = data.get("rows") or 24, data.get("cols") or 80
         if not all(isinstance(v, int) and 0 < v < 10000 for v in (rows, cols)):
             raise bad_request("'rows' and 'cols' must be positive integers")

@@ -15,6 +15,7 @@ from starlette.routing import BaseRoute
 
 from sandlot.errors import InvalidRequest, NotFound, RuntimeFailure
 
+from .. import paths
 from ..oomscore import prefer_for_oom
 from .catalog import KernelCatalog, LanguageSpec, canonical
 from .context import CodeContext
@@ -153,6 +154,8 @@ class CodeService:
     async def create_context(self, language: str, cwd: str | None = None) -> CodeContext:
         await self._discover()
         spec = self._spec(language)
+        if cwd is not None:
+            cwd = paths.expand(cwd)  # ~ and $VAR, as the reference
         if cwd is not None and not os.path.isdir(cwd):
             raise InvalidRequest(f"cwd {cwd!r} is not a directory", code="INVALID_CWD")
         kernel = await self._acquire_kernel(spec.language, cwd)
