@@ -53,8 +53,10 @@ def build_routes(service: CodeService) -> list[BaseRoute]:
     async def create_context(request: Request) -> Response:
         body = await _json_body(request)
         language = _str_field(body, "language") or "python"
-        ctx = await service.create_context(language, _str_field(body, "cwd"))
-        return JSONResponse(ctx.public())
+        cwd = _str_field(body, "cwd")
+        ctx = await service.create_context(language, cwd)
+        # As the reference: the answer echoes the request's cwd beside the new id.
+        return JSONResponse({**ctx.public(), **({"cwd": cwd} if cwd else {})})
 
     async def list_contexts(request: Request) -> Response:
         contexts = service.list_contexts(_language_param(request, required=False))
