@@ -109,8 +109,8 @@ async def sse_events(
             assert r.status_code == 200, await r.aread()
             assert r.headers["content-type"].startswith("text/event-stream")
             async for line in r.aiter_lines():
-                if line.startswith("data:"):
-                    events.append(json.loads(line[5:]))
+                if line.startswith("{"):  # the reference's framing: JSON lines
+                    events.append(json.loads(line))
     return events
 
 

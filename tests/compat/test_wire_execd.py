@@ -95,8 +95,8 @@ def raw_events(server: SandlotServer, sid: str, path: str, body: dict[str, Any],
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
-            if line.startswith("data:"):
-                events.append(json.loads(line[5:]))
+            if line:  # the reference's framing: every non-empty line is one JSON event
+                events.append(json.loads(line))
     return events
 
 

@@ -14,7 +14,8 @@ from tests.execd.conftest import Execd, start_execd, stop_execd
 
 
 def sse_events(text: str) -> list[tuple[str | None, dict]]:
-    """(id, data) of every data frame in an SSE body."""
+    """(id, event) of every event in a body of either framing: the reference's (the JSON and a
+    blank line) or standard SSE (``id:``/``data:`` lines), read as the SDKs read them."""
     out = []
     for frame in text.split("\n\n"):
         ev_id, data = None, None
@@ -23,6 +24,8 @@ def sse_events(text: str) -> list[tuple[str | None, dict]]:
                 ev_id = line[4:]
             elif line.startswith("data: "):
                 data = json.loads(line[6:])
+            elif line.startswith("{"):
+                data = json.loads(line)
         if data is not None:
             out.append((ev_id, data))
     return out
@@ -146,10 +149,22 @@ def test_file_error_paths_get_the_reference_statuses_and_codes(
             assert r.status_code == 400 and r.json()["code"] == code, r.text
 
 
-def test_sse_frames_have_ids_and_the_sdk_shapes(execd: Execd) -> None:
+def test_streams_use_the_reference_framing_json_lines_and_blank_lines(execd: Execd) -> None:
     with execd.client() as c:
         r = c.post("/command", json={"command": "echo out; echo err >&2; exit 2"})
     assert r.headers["content-type"].startswith("text/event-stream")
+    frames = r.text.split("\n\n")
+    assert frames[-1] == "" and all("\n" not in f for f in frames)
+    events = [json.loads(f) for f in frames[:-1]]  # every frame is one JSON object
+    assert [e["type"] for e in events] == ["init", "stdout", "stderr", "error"]
+
+
+def test_sse_frames_have_ids_and_the_sdk_shapes(execd: Execd) -> None:
+    with execd.client() as c:
+        r = c.post("/command", params={"sse": "1"},
+                   json={"command": "echo out; echo err >&2; exit 2"})
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert r.text.startswith("id: 0\ndata: {")
     events = sse_events(r.text)
     types = [e["type"] for _, e in events]
     assert types[0] == "init" and types[-1] == "error"
@@ -171,6 +186,7 @@ def test_reconnect_with_last_event_id_resumes(execd: Execd) -> None:
         with c.stream(
             "POST",
             "/command",
+            params={"sse": "1"},  # standard SSE frames carry the ids to resume from
             json={"command": "for i in 1 2 3 4 5 6; do echo n$i; sleep 0.2; done"},
         ) as r:
             buf = ""
@@ -189,13 +205,17 @@ def test_reconnect_with_last_event_id_resumes(execd: Execd) -> None:
     assert all(int(i) > int(last_id) for i, _ in rest)
 
 
-def test_keepalive_comments_on_silent_streams(tmp_path: Path) -> None:
+def test_silent_streams_carry_ping_events_or_sse_comments(tmp_path: Path) -> None:
     ex = start_execd(tmp_path, "--keepalive", "0.2")
     try:
         with ex.client() as c:
             r = c.post("/command", json={"command": "sleep 1; echo done"})
-        assert r.text.count(": keep-alive") >= 2
-        assert [e["type"] for _, e in sse_events(r.text)][-1] == "execution_complete"
+            types = [e["type"] for _, e in sse_events(r.text)]
+            assert types.count("ping") >= 2 and ": keep-alive" not in r.text  # as the reference
+            assert types[-1] == "execution_complete"
+            r = c.post("/command", params={"sse": "1"}, json={"command": "sleep 1; echo done"})
+            assert r.text.count(": keep-alive") >= 2
+            assert [e["type"] for _, e in sse_events(r.text)][-1] == "execution_complete"
     finally:
         stop_execd(ex)
 

@@ -27,9 +27,9 @@ def test_commands_and_their_children_score_above_execd(execd: Execd) -> None:
         r = c.post("/command", json={"command": script})
         assert r.status_code == 200
     lines = [
-        json.loads(line[5:])["text"]
+        json.loads(line)["text"]  # the reference's framing: one JSON object per line
         for line in r.text.splitlines()
-        if line.startswith("data:") and '"stdout"' in line
+        if line.startswith("{") and '"stdout"' in line
     ]
     scores = [int(x) for text in lines for x in text.split()]
     assert len(scores) == 2, r.text

@@ -87,8 +87,15 @@ def test_cgroup_v1_huge_limit_means_unlimited(tmp_path: Path) -> None:
     assert total < 9223372036854771712 and used > 4096
 
 
-def test_sse_encoding_is_one_line_json_with_id() -> None:
+def test_reference_framing_is_the_json_line_and_a_blank_line() -> None:
     frame = sse.encode(sse.stdout_event("a\nb\u2028c\x85"), event_id=42).decode()
+    assert frame.endswith("\n\n") and len(frame[:-2].splitlines()) == 1
+    assert json.loads(frame)["text"] == "a\nb\u2028c\x85"
+    assert json.loads(sse.ping_frame())["type"] == "ping"
+
+
+def test_sse_encoding_is_one_line_json_with_id() -> None:
+    frame = sse.encode(sse.stdout_event("a\nb\u2028c\x85"), event_id=42, sse=True).decode()
     lines = frame.split("\n")
     assert lines[0] == "id: 42" and lines[1].startswith("data: ") and frame.endswith("\n\n")
     data = json.loads(lines[1][6:])
@@ -121,7 +128,7 @@ async def test_journal_follow_and_resume(tmp_path: Path) -> None:
 
     async def collect(start: int) -> list[tuple[int, dict]]:
         out = []
-        async for chunk in j.follow(start):
+        async for chunk in j.follow(start, sse_frames=True):
             for frame in chunk.decode().split("\n\n"):
                 if frame:
                     head, data = frame.split("\n")
@@ -138,6 +145,9 @@ async def test_journal_follow_and_resume(tmp_path: Path) -> None:
     resumed = await collect(j.resume_offset(str(ids[1])))
     assert [e["text"] for _, e in resumed] == ["line2", "late"]
     assert await collect(j.resume_offset("garbage")) == events
+    plain = b"".join([chunk async for chunk in j.follow(0)])  # the reference's framing
+    assert [json.loads(f)["text"] for f in plain.split(b"\n\n")[:-1]] == [
+        "line0", "line1", "line2", "late"]
     j.discard()
     assert not (tmp_path / "j").exists()
 
@@ -302,10 +312,13 @@ async def test_journal_follow_sends_keepalives_while_silent(tmp_path: Path) -> N
         j.close()
 
     writer = asyncio.create_task(late())
-    got = [chunk async for chunk in j.follow(0, keepalive=0.1)]
+    got = [chunk async for chunk in j.follow(0, keepalive=0.1, sse_frames=True)]
     await writer
     assert b'"first"' in got[0] and b'"late"' in got[-1]
     assert 2 <= got.count(sse.KEEPALIVE) <= 4
+    pings = [c for c in [chunk async for chunk in j.follow(0, keepalive=0.0001)]
+             if b'"ping"' in c]
+    assert not pings  # a closed journal is read straight through
     # without keepalive: only events
     assert sse.KEEPALIVE not in [chunk async for chunk in j.follow(0)]
     j.discard()

@@ -338,10 +338,14 @@ class CommandService:
                 await asyncio.wait_for(asyncio.shield(ex.done), self.settings.interrupt_grace)
 
     # streaming -----------------------------------------------------------------------
-    def stream(self, ex: Execution, last_event_id: str | None = None) -> StreamingResponse:
+    def stream(
+        self, ex: Execution, last_event_id: str | None = None, *, sse_frames: bool = False
+    ) -> StreamingResponse:
+        """The execution's events (the reference's framing unless ``sse_frames``)."""
         start = ex.journal.resume_offset(last_event_id)
         return sse.self_ending_sse_response(
-            ex.journal.follow(start, keepalive=self.settings.keepalive_interval or None),
+            ex.journal.follow(start, keepalive=self.settings.keepalive_interval or None,
+                              sse_frames=sse_frames),
             after=self._spare_files.top_up if self._spare_files is not None else None,
         )
 
@@ -365,13 +369,14 @@ class CommandService:
     async def run_route(self, request: Request) -> Response:
         req = CommandRequest(await json_body(request), self.settings.workdir)
         ex = self.start(req)
+        framing = sse.wants_sse(request)
         if req.background:
             frames = [
-                sse.encode(sse.init_event(ex.id), event_id=0),
-                sse.encode(sse.complete_event(0, background=True)),
+                sse.encode(sse.init_event(ex.id), event_id=0, sse=framing),
+                sse.encode(sse.complete_event(0), sse=framing),
             ]
             return sse.self_ending_sse_response(_iterate(frames))
-        return self.stream(ex)
+        return self.stream(ex, sse_frames=framing)
 
     async def interrupt_route(self, request: Request) -> Response:
         """``DELETE /command?id=``: as the reference, the id may also be a bash session's,
@@ -407,7 +412,7 @@ class CommandService:
     async def stream_route(self, request: Request) -> Response:
         ex = self.get(request.path_params["id"])
         last = sse.last_event_id(request) or request.query_params.get("after")
-        return self.stream(ex, last)
+        return self.stream(ex, last, sse_frames=True)
 
 
 async def _iterate(frames: list[bytes]) -> AsyncIterator[bytes]:

@@ -140,9 +140,14 @@ class EventJournal:
             os.close(fd)
         return self.size
 
-    async def follow(self, start: int = 0, keepalive: float | None = None) -> AsyncIterator[bytes]:
-        """SSE frames from ``start`` on, waiting for new events until the journal closes; with
-        ``keepalive``, ``sse.KEEPALIVE`` after every ``keepalive`` seconds without events.
+    async def follow(
+        self, start: int = 0, keepalive: float | None = None, *, sse_frames: bool = False
+    ) -> AsyncIterator[bytes]:
+        """Frames from ``start`` on, waiting for new events until the journal closes; with
+        ``keepalive``, a keep-alive after every ``keepalive`` seconds without events.
+        ``sse_frames``: standard SSE (``id:`` = the event's offset, ``data:``, comment
+        keep-alives), else the reference's framing (the JSON and a blank line, ``ping``
+        events).
 
         Keep-alives come from here rather than from ``sse.with_keepalive`` (a task per frame,
         most of the event plumbing of a short command)."""
@@ -161,6 +166,12 @@ class EventJournal:
                     data = pending + block if pending else block
                     line_start = pos - len(pending)
                     pos += len(block)
+                    if not sse_frames:  # JSON lines: each needs just a blank line after it
+                        cut = data.rfind(b"\n") + 1
+                        pending = data[cut:]
+                        if cut:
+                            yield data[:cut].replace(b"\n", b"\n\n")
+                        continue
                     frames: list[bytes] = []
                     cursor = 0
                     while True:
@@ -178,7 +189,7 @@ class EventJournal:
                 if self.closed:
                     return
                 if not await self._signal.wait(keepalive):
-                    yield sse.KEEPALIVE
+                    yield sse.keepalive_frame(sse_frames)
         finally:
             os.close(fd)
 

@@ -258,7 +258,7 @@ class MetricsService:
         async def body() -> AsyncIterator[bytes]:
             await asyncio.sleep(min(interval, 0.2))
             while True:
-                yield sse.encode(sampler.sample())
+                yield sse.encode(sampler.sample(), sse=True)
                 await asyncio.sleep(interval)
 
         return sse.sse_response(body(), keepalive_interval=None)

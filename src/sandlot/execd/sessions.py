@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from sandlot.errors import NotFound, RuntimeFailure
-from sandlot.execd import paths, procs
+from sandlot.execd import paths, procs, sse
 from sandlot.execd.commands import CommandService, find_shell, make_pipe
 from sandlot.execd.execution import Execution
 from sandlot.execd.http import JSON, bad_request, expect_object, json_body, ok
@@ -212,7 +212,7 @@ class SessionService:
         if session is None:  # the reference answers 500 here (context not found)
             raise RuntimeFailure("error running in session. context not found")
         ex = session.run(command, cwd, timeout or None)
-        return self.commands.stream(ex)
+        return self.commands.stream(ex, sse_frames=sse.wants_sse(request))
 
     async def delete_route(self, request: Request) -> Response:
         sid = request.path_params["sid"]

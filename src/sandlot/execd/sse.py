@@ -1,21 +1,26 @@
-"""Server-Sent Events as the OpenSandbox clients parse them (commands and code execution).
+"""Event streams as the OpenSandbox clients parse them (commands and code execution).
 
-Wire shape (read from the released SDK's ``adapters/sse.py`` + ``converter/event_node.py``):
-each event is one standard SSE frame ``id: <id>\\ndata: <json>\\n\\n`` whose JSON object has
+Framing: by default the reference execd's (``pkg/web/controller/sse.go``): each event is its
+one-line JSON followed by a blank line, and a quiet stream carries ``ping`` events; a client
+written against the reference parses exactly that. A client that asks for standard SSE
+(``?sse=1``, or a ``Last-Event-ID`` header, see ``wants_sse``) gets ``id: <id>`` / ``data:
+<json>`` frames and ``: keep-alive`` comments instead, so it can resume. Both released SDKs
+read either (they strip an optional ``data:`` and skip ``id:`` and comment lines).
+
+Event shapes (read from the released SDK's ``converter/event_node.py``): the JSON object has
 ``type`` (init | status | stdout | stderr | result | error | execution_complete |
 execution_count | ping), ``timestamp`` (Unix ms, required by the SDK) and, per type:
 
-- ``init``: ``text`` = the execution id (the SDK stores it as ``execution.id``)
+- ``init``: ``text`` = the command's id, the session's id for a session run, the context's id
+  for code (the SDK stores it as ``execution.id``)
 - ``stdout`` / ``stderr`` / ``status``: ``text``
-- ``result``: ``results`` = ``{"text/plain": ..., ...}`` plus ``execution_count``
+- ``result``: ``results`` = the MIME bundle with ``text/plain`` renamed ``text``
 - ``error``: ``error`` = ``{"ename", "evalue", "traceback": [..]}``; for commands the SDK
   reads ``int(evalue)`` as the exit code
 - ``execution_complete``: ``execution_time`` (ms)
 - ``execution_count``: ``execution_count``
 
-The JSON never contains a raw newline, so one ``data:`` line per event is enough. Frames may
-be preceded by comment lines (``: keep-alive``) that every SSE parser ignores; they keep idle
-streams open through proxies.
+The JSON never contains a raw newline, so one line per event is enough.
 
 Use::
 
@@ -26,8 +31,8 @@ Use::
         yield sse.encode(sse.complete_event(12), event_id=3)
     return sse.sse_response(body(), keepalive_interval=15)
 
-``sse_response`` interleaves keep-alive comments while the body is silent and stops the
-body (``aclose``) when the client goes away.
+``sse_response`` interleaves keep-alives while the body is silent and stops the body
+(``aclose``) when the client goes away.
 """
 
 from __future__ import annotations
@@ -163,12 +168,32 @@ def encode_lines(type_: str, lines: list[bytes]) -> bytes:
     return encode_region(type_, b"".join(line + b"\n" for line in lines))
 
 
-def encode(event: Mapping[str, Any] | str, event_id: int | str | None = None) -> bytes:
-    """One SSE frame; ``event`` may be a dict or already-encoded JSON text."""
+def encode(
+    event: Mapping[str, Any] | str, event_id: int | str | None = None, *, sse: bool = False
+) -> bytes:
+    """One frame; ``event`` may be a dict or already-encoded JSON text. ``sse``: a standard SSE
+    frame (with ``event_id``), else the reference's (the JSON and a blank line)."""
     data = event if isinstance(event, str) else encode_data(event)
+    if not sse:
+        return f"{data}\n\n".encode()
     if event_id is None:
         return f"data: {data}\n\n".encode()
     return f"id: {event_id}\ndata: {data}\n\n".encode()
+
+
+def ping_frame() -> bytes:
+    """The reference's keep-alive: a ``ping`` event (ignored by the SDKs)."""
+    return encode(ping_event())
+
+
+def keepalive_frame(sse: bool) -> bytes:
+    return KEEPALIVE if sse else ping_frame()
+
+
+def wants_sse(request: Request) -> bool:
+    """Whether the client asked for standard SSE framing (``?sse=1`` or ``Last-Event-ID``)."""
+    flag = request.query_params.get("sse", "").lower()
+    return flag in ("1", "true", "yes") or last_event_id(request) is not None
 
 
 def last_event_id(request: Request) -> str | None:
@@ -178,9 +203,12 @@ def last_event_id(request: Request) -> str | None:
 
 
 async def with_keepalive(
-    source: AsyncIterable[bytes], interval: float = DEFAULT_KEEPALIVE_SECONDS
+    source: AsyncIterable[bytes],
+    interval: float = DEFAULT_KEEPALIVE_SECONDS,
+    frame: Callable[[], bytes] | None = None,
 ) -> AsyncIterator[bytes]:
-    """Yield ``source``'s chunks, plus ``KEEPALIVE`` whenever it is silent for ``interval`` s."""
+    """Yield ``source``'s chunks, plus a keep-alive (``frame()``, default ``KEEPALIVE``)
+    whenever it is silent for ``interval`` s."""
     iterator = source.__aiter__()
     pending: asyncio.Future[bytes] | None = None
     try:
@@ -189,7 +217,7 @@ async def with_keepalive(
                 pending = asyncio.ensure_future(iterator.__anext__())
             done, _ = await asyncio.wait({pending}, timeout=interval)
             if not done:
-                yield KEEPALIVE
+                yield frame() if frame is not None else KEEPALIVE
                 continue
             try:
                 chunk = pending.result()
@@ -275,12 +303,17 @@ def sse_response(
     keepalive_interval: float | None = DEFAULT_KEEPALIVE_SECONDS,
     headers: Mapping[str, str] | None = None,
     status_code: int = 200,
+    keepalive: Callable[[], bytes] | None = None,
 ) -> StreamingResponse:
-    """A streaming ``text/event-stream`` response (no proxy buffering, no caching)."""
+    """A streaming ``text/event-stream`` response (no proxy buffering, no caching);
+    ``keepalive`` makes the keep-alive frame (default the SSE comment)."""
     all_headers = dict(_HEADERS)
     if headers:
         all_headers.update(headers)
-    body = source if not keepalive_interval else with_keepalive(source, keepalive_interval)
+    body = (
+        source if not keepalive_interval
+        else with_keepalive(source, keepalive_interval, keepalive)
+    )
     return StreamingResponse(
         body, status_code=status_code, media_type=MEDIA_TYPE, headers=all_headers
     )

@@ -102,13 +102,17 @@ def build_routes(service: CodeService) -> list[BaseRoute]:
         else:
             ctx = await service.default_context(language or "python")
 
+        framing = sse.wants_sse(request)
+
         async def stream() -> AsyncIterator[bytes]:
             number = 0
             async for ev in service.run(ctx, code, float(timeout) if timeout else None):
                 number += 1
-                yield sse.encode(ev, event_id=number)
+                yield sse.encode(ev, event_id=number, sse=framing)
 
-        return sse.sse_response(stream(), keepalive_interval=service.settings.keepalive)
+        # The reference's framing (ping events when quiet) unless the client asked for SSE.
+        return sse.sse_response(stream(), keepalive_interval=service.settings.keepalive,
+                                keepalive=None if framing else sse.ping_frame)
 
     async def interrupt(request: Request) -> Response:
         target = request.query_params.get("id")
