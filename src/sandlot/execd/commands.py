@@ -3,9 +3,10 @@ interrupt. Output is read straight from the pipes by the event loop (``add_reade
 an event is on the wire as soon as the process writes it, and the stream ends when both
 pipes are at EOF and the exit status is known (no fixed grace delay).
 
-Extensions beyond the contract (sandlot's): ``GET /command/{id}/stream`` re-attaches to an
-execution's event stream; with ``Last-Event-ID`` (or ``?after=<id>``) it continues after that
-event, so a dropped stream loses nothing.
+Streams are in the reference's framing unless the client asks for standard SSE (``?sse=1``;
+see ``sse``). Extensions beyond the contract (sandlot's): ``GET /command/{id}/stream``
+re-attaches to an execution's event stream (SSE framing); with ``Last-Event-ID`` (or
+``?after=<id>``) it continues after that event, so a dropped stream loses nothing.
 """
 
 from __future__ import annotations
