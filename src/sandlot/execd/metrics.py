@@ -255,10 +255,15 @@ class MetricsService:
         sampler.sample()
         interval = self.settings.metrics_interval
 
+        framing = sse.wants_sse(request)
+
         async def body() -> AsyncIterator[bytes]:
             await asyncio.sleep(min(interval, 0.2))
             while True:
-                yield sse.encode(sampler.sample(), sse=True)
+                sample = sampler.sample()
+                # The reference writes one JSON line per sample; SSE frames when asked.
+                yield (sse.encode(sample, sse=True) if framing
+                       else sse.encode_data(sample).encode() + b"\n")
                 await asyncio.sleep(interval)
 
         return sse.sse_response(body(), keepalive_interval=None)
