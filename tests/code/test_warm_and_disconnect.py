@@ -56,7 +56,12 @@ def test_client_disconnect_interrupts_the_cell(execd):
                 if '"stdout"' in line:
                     break  # leave mid-run
     with execd.client() as c:
-        # The context is free again and kept its state.
-        r = c.post("/code", json={"code": "n + 1", "context": ctx}, timeout=30)
+        # The context is free again (once the interrupt has landed: until then a run is
+        # refused as busy, as the reference refuses it) and kept its state.
+        for _ in range(100):
+            r = c.post("/code", json={"code": "n + 1", "context": ctx}, timeout=30)
+            if "ContextBusy" not in r.text:
+                break
+            time.sleep(0.1)
         assert '"text":"2"' in r.text.replace(" ", "")
         c.delete(f"/code/contexts/{ctx['id']}")
