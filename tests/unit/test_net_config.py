@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import logging
+from pathlib import Path
 
 import pytest
 
@@ -23,11 +23,18 @@ def test_network_defaults_and_file_beats_environment(monkeypatch: pytest.MonkeyP
         Config()
 
 
-def test_ipv6_kept_on_is_refused_and_sidecar_image_warned(
-        caplog: pytest.LogCaptureFixture) -> None:
-    base = {"server": {"api_key": "k"}}
+def test_ipv6_kept_on_and_host_mode_are_refused_sidecar_image_warned(
+        tmp_path: Path) -> None:
+    def load(text: str) -> Config:
+        path = tmp_path / "sandlot.toml"
+        path.write_text('[server]\napi_key = "k"\n' + text)
+        return Config.load(path)
+
     with pytest.raises(StartupRefused, match="disable_ipv6"):
-        check_config(Config.model_validate({**base, "egress": {"disable_ipv6": False}}))
-    with caplog.at_level(logging.WARNING):
-        check_config(Config.model_validate({**base, "egress": {"image": "egress:v1"}}))
-    assert "[egress] image is ignored" in caplog.text
+        check_config(load("[egress]\ndisable_ipv6 = false\n"))
+    check_config(load('[egress]\ndisable_ipv6 = true\nmode = "dns"\n'))
+    cfg = load('[egress]\nimage = "egress:v1"\n')
+    check_config(cfg)
+    assert any("[egress] image" in w for w in cfg.warnings())
+    with pytest.raises(StartupRefused, match="execd listens"):
+        check_config(load('[network]\nmode = "host"\n'))

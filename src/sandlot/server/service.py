@@ -29,11 +29,11 @@ from sandlot.errors import (
     SandlotError,
     Unsupported,
 )
+from sandlot.net import egress_api
+from sandlot.net.policy import EgressPolicy, parse_policy
 from sandlot.runtime import execd_client
 from sandlot.runtime.base import ImageRef, RegistryAuth, Runtime, SandboxSpec
 from sandlot.server import spec_parts
-from sandlot.net import egress_api
-from sandlot.net.policy import EgressPolicy, parse_policy
 from sandlot.server.api.schemas import CreateSandboxRequest
 from sandlot.server.endpoints import EndpointForwarder
 from sandlot.server.expiry import ExpiryScheduler
