@@ -165,7 +165,7 @@ warm_pool_images = ["base"]
 insecure_registries = []
 
 [network]
-mode = "isolated"     # isolated (outbound per policy) | none (loopback only) | host
+mode = "isolated"     # isolated (outbound per policy) | none (loopback only)
 subnet = "100.88.0.0/16"
 # dns_servers = ["192.0.2.53"]   # default: the host's resolvers
 # allow_cidrs = ["10.1.2.3/32"]  # e.g. a corporate proxy, exempt from the private-range deny
