@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer, compat_image_root  # noqa: F401
-from tests.net.testhosts import HOST, TestNet, test_network, thread_in_netns
+from tests.net.testhosts import HOST, MIRROR, TestNet, test_network, thread_in_netns
 
 
 class NetServer(SandlotServer):
@@ -38,6 +38,7 @@ def net_server(compat_image_root: Path) -> Iterator[NetServer]:  # noqa: F811
                     f'warm_pool_images = ["{COMPAT_IMAGE}"]\n'
                     '[network]\nmode = "isolated"\n'
                     f'dns_servers = ["{HOST}"]\n'
+                    f'allow_cidrs = ["{MIRROR}/32"]\n'
                     '[egress]\nmode = "dns+nft"\n'
                 )
             server.start()

@@ -24,7 +24,15 @@ from sandlot.net import firewall
 from sandlot.runtime.oci.layout import netns_name
 from tests.compat.conftest import COMPAT_IMAGE
 from tests.net.conftest import NetServer
-from tests.net.testhosts import BIG_FILE_MIB, DENIED_HOST, HOST, METADATA, SERVER_UPLINK
+from tests.net.testhosts import (
+    BIG_FILE_MIB,
+    DENIED_HOST,
+    HOST,
+    METADATA,
+    MIRROR,
+    PRIVATE,
+    SERVER_UPLINK,
+)
 
 DENY_POLICY = NetworkPolicy(
     defaultAction="deny",
@@ -99,6 +107,11 @@ async def test_default_policy_reaches_test_host_and_nothing_private(
 
         code, out = await fetch(a, f"http://{METADATA}/latest/meta-data")
         assert code != 0 and "metadata stand-in" not in out
+        # A private address is denied unless the operator's allow_cidrs names it.
+        code, out = await fetch(a, f"http://{MIRROR}/hello.txt")
+        assert code == 0 and "hello" in out, out
+        code, out = await fetch(a, f"http://{PRIVATE}/hello.txt")
+        assert code != 0 and "hello" not in out, out
         for addr in ("127.0.0.1", SERVER_UPLINK, gateway):
             code, out = await fetch(a, f"http://{addr}:18999/")
             assert code != 0 and "Directory listing" not in out, (addr, out)

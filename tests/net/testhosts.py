@@ -4,7 +4,8 @@ Topology (``<p>`` is a per-run prefix):
 
     <p>s (the server's namespace)          <p>h (the test hosts' namespace)
     up0 198.51.100.2/24  ---- veth ----    up0 198.51.100.10, .20, .30 /24
-    default via 198.51.100.10              lo 169.254.169.254/32 (the metadata stand-in)
+    default via 198.51.100.10              lo 169.254.169.254/32 (the metadata stand-in),
+                                           10.99.0.1, 10.99.0.2 (private hosts)
 
 In ``<p>h``: an HTTP server on port 80 of every address (so each answers with its own
 address in ``/whoami``-style files is not needed: the path names the host) and a DNS server
@@ -31,6 +32,10 @@ DENIED_HOST = "198.51.100.20"
 WILD_HOST = "198.51.100.30"
 SERVER_UPLINK = "198.51.100.2"
 METADATA = "169.254.169.254"
+# Private addresses on the test hosts (inside the test namespaces only): an operator's
+# allow_cidrs entry opens the first, the default deny keeps the second closed.
+MIRROR = "10.99.0.1"
+PRIVATE = "10.99.0.2"
 ZONE = {"allowed.test": HOST, "denied.test": DENIED_HOST, "a.wild.test": WILD_HOST,
         "b.wild.test": WILD_HOST}
 BIG_FILE_MIB = 100
@@ -111,6 +116,9 @@ def test_network(workdir: Path) -> Iterator[TestNet]:
         for a in (HOST, DENIED_HOST, WILD_HOST):
             sh(*nsenter(hosts, "ip", "addr", "add", f"{a}/24", "dev", "up0"))
         sh(*nsenter(hosts, "ip", "addr", "add", f"{METADATA}/32", "dev", "lo"))
+        for a in (MIRROR, PRIVATE):
+            sh(*nsenter(hosts, "ip", "addr", "add", f"{a}/32", "dev", "lo"))
+        sh(*nsenter(srv, "ip", "route", "add", "10.99.0.0/24", "via", HOST))
         www = workdir / "www"
         www.mkdir(parents=True, exist_ok=True)
         (www / "hello.txt").write_text("hello from the test host\n")

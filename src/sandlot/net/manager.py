@@ -20,7 +20,14 @@ from pathlib import Path
 from sandlot.config import Config
 from sandlot.errors import RuntimeFailure
 from sandlot.net import firewall, links
-from sandlot.net.addressing import Leases, SandboxAddress, overlapping_routes, parse_subnet
+from sandlot.net.addressing import (
+    IFNAME_PREFIX,
+    Leases,
+    SandboxAddress,
+    host_ifname,
+    overlapping_routes,
+    parse_subnet,
+)
 from sandlot.net.dns import DnsFilter, host_resolvers, start_filter
 from sandlot.net.policy import ALLOW, EgressPolicy, coerce, parse_policy
 
@@ -52,6 +59,8 @@ def _allow_cidrs(raw: list[str]) -> list[ipaddress.IPv4Network]:
 
 
 class NetworkManager:
+    """The networks of one data dir's sandboxes (used by ``OciRuntime`` in mode isolated)."""
+
     def __init__(self, cfg: Config, data_dir: Path) -> None:
         self.subnet = parse_subnet(cfg.network.subnet)
         self.allow_cidrs = _allow_cidrs(cfg.network.allow_cidrs)
@@ -98,7 +107,7 @@ class NetworkManager:
 
     async def restore(self, live: set[str]) -> None:
         """Re-open DNS filters of ``live`` containers; remove what is left of others."""
-        present = set(await asyncio.to_thread(links.host_links, "slv"))
+        present = set(await asyncio.to_thread(links.host_links, IFNAME_PREFIX))
         for addr in self.leases.all():
             cid = addr.container_id
             if cid in live and addr.host_ifname in present:
@@ -179,11 +188,7 @@ class NetworkManager:
             flt.close()
         self._learned.pop(cid, None)
         addr = self.leases.get(cid)
-        ifname = addr.host_ifname if addr else None
-        if ifname is None:
-            from sandlot.net.addressing import host_ifname
-
-            ifname = host_ifname(cid)
+        ifname = addr.host_ifname if addr else host_ifname(cid)
         await asyncio.to_thread(links.delete_veth, ifname)
         await asyncio.to_thread(firewall.delete_table, cid)
         (self.policy_dir / f"{cid}.json").unlink(missing_ok=True)
