@@ -126,3 +126,14 @@ def test_proxy_rebases_root_relative_redirects() -> None:
     assert rebase_location("http://x/y", path, 8000) == "http://x/y"
     assert rebase_location("//cdn/y", path, 8000) == "//cdn/y"
     assert rebase_location("rel/y", path, 8000) == "rel/y"
+
+
+def test_policies_are_bounded() -> None:
+    from sandlot.net.policy import MAX_RULES
+
+    rules = [{"action": "allow", "target": f"h{i}.test"} for i in range(MAX_RULES + 1)]
+    with pytest.raises(PolicyError, match="at most"):
+        parse_policy({"egress": rules})
+    full = parse_policy({"egress": rules[:MAX_RULES]})
+    with pytest.raises(PolicyError, match="at most"):
+        full.patched(parse_rules([{"action": "deny", "target": "one-more.test"}]))

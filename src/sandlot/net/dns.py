@@ -82,6 +82,7 @@ def answered_addresses(reply: DNSRecord) -> list[tuple[ipaddress.IPv4Address, in
 
 CacheKey = tuple[str, int, int, bool]  # qname as asked, qtype, qclass, EDNS present
 CACHE_ENTRIES = 1024  # per sandbox
+DENY_LOG_EVERY = 60.0  # seconds between log lines for one denied name
 
 
 @dataclass
@@ -103,6 +104,7 @@ class DnsFilter(asyncio.DatagramProtocol):
         self.transport: asyncio.DatagramTransport | None = None
         self.tcp: asyncio.Server | None = None
         self._cache: dict[CacheKey, _Cached] = {}
+        self._denied_logged: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -130,8 +132,8 @@ class DnsFilter(asyncio.DatagramProtocol):
         name = str(request.q.qname).rstrip(".").lower()
         action, rule = self.policy.evaluate(name)
         if action != ALLOW:
-            why = f"rule {rule.action} {rule.target}" if rule else "defaultAction deny"
-            log.info("dns filter: sandbox %s: %s denied (%s)", self.sandbox, name, why)
+            self._log_denied(name, f"rule {rule.action} {rule.target}" if rule
+                             else "defaultAction deny")
             return _error(request, RCODE.NXDOMAIN)
         key = (str(request.q.qname), request.q.qtype, request.q.qclass, bool(request.ar))
         now = time.monotonic()
@@ -160,6 +162,16 @@ class DnsFilter(asyncio.DatagramProtocol):
                               self.sandbox, name)
                 return _error(request, RCODE.SERVFAIL)
         return raw
+
+    def _log_denied(self, name: str, why: str) -> None:
+        """One line per denied name and minute: a retrying client must not flood the log."""
+        now = time.monotonic()
+        if now - self._denied_logged.get(name, -DENY_LOG_EVERY) < DENY_LOG_EVERY:
+            return
+        if len(self._denied_logged) >= CACHE_ENTRIES:
+            self._denied_logged.clear()
+        self._denied_logged[name] = now
+        log.info("dns filter: sandbox %s: %s denied (%s): NXDOMAIN", self.sandbox, name, why)
 
     def _remember(self, key: CacheKey, raw: bytes, reply: DNSRecord,
                   found: list[tuple[ipaddress.IPv4Address, int]], now: float) -> None:

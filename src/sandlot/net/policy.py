@@ -82,13 +82,17 @@ class EgressPolicy:
                 "egress": [r.to_json() for r in self.egress]}
 
     def patched(self, rules: list[EgressRule]) -> EgressPolicy:
-        """Incoming rules first (the first of each target wins), then the kept old ones."""
+        """Incoming rules first (the first of each target wins), then the kept old ones.
+        Raises ``PolicyError`` when the result would exceed ``MAX_RULES``."""
         seen: set[str] = set()
         merged: list[EgressRule] = []
         for rule in [*rules, *self.egress]:
             if rule.target not in seen:
                 seen.add(rule.target)
                 merged.append(rule)
+        if len(merged) > MAX_RULES:
+            raise PolicyError(f"the policy would have {len(merged)} rules; at most "
+                              f"{MAX_RULES} are accepted")
         return EgressPolicy(self.default_action, tuple(merged))
 
     def without(self, targets: list[str]) -> EgressPolicy:
@@ -140,9 +144,14 @@ def parse_rule(raw: Any, where: str) -> EgressRule:
     return EgressRule(_action(raw.get("action"), f"{where} ({target})"), target)
 
 
+MAX_RULES = 4096  # per policy: each rule is state in the DNS filter and nft sets
+
+
 def parse_rules(raw: Any, what: str = "egress") -> list[EgressRule]:
     if not isinstance(raw, list):
         raise PolicyError(f"{what} must be a list of rules")
+    if len(raw) > MAX_RULES:
+        raise PolicyError(f"{what} has {len(raw)} rules; at most {MAX_RULES} are accepted")
     return [parse_rule(item, f"{what}[{i}]") for i, item in enumerate(raw)]
 
 
