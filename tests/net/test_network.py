@@ -269,6 +269,19 @@ async def test_egress_api_needs_its_header(net_server: NetServer) -> None:
         assert r.status_code == 200 and r.json()["policy"]["defaultAction"] == "deny"
         r = httpx.get(proxied, headers={"OPEN-SANDBOX-API-KEY": net_server.api_key}, timeout=10)
         assert r.status_code == 401
+        # An IP/CIDR rule changes the addresses the sandbox may reach, at once, both ways.
+        code, _ = await fetch(sandbox, f"http://{DENIED_HOST}/hello.txt")
+        assert code != 0
+        r = httpx.patch(url, headers=dict(ep.headers or {}), timeout=10,
+                        json=[{"action": "allow", "target": f"{DENIED_HOST}/32"}])
+        assert r.status_code == 200, r.text
+        code, out = await fetch(sandbox, f"http://{DENIED_HOST}/hello.txt")
+        assert code == 0 and "hello" in out, out
+        r = httpx.request("DELETE", url, headers=dict(ep.headers or {}), timeout=10,
+                          json=[f"{DENIED_HOST}/32"])
+        assert r.status_code == 200, r.text
+        code, _ = await fetch(sandbox, f"http://{DENIED_HOST}/hello.txt")
+        assert code != 0
     finally:
         await sandbox.kill()
         await sandbox.close()

@@ -58,6 +58,12 @@ def _allow_cidrs(raw: list[str]) -> list[ipaddress.IPv4Network]:
     return nets
 
 
+def _address_part(policy: EgressPolicy) -> tuple[object, ...]:
+    """What of a policy the nft table holds (the DNS filter holds the names)."""
+    return (policy.default_action, tuple(policy.networks("allow")),
+            tuple(policy.networks("deny")))
+
+
 class NetworkManager:
     """The networks of one data dir's sandboxes (used by ``OciRuntime`` in mode isolated)."""
 
@@ -74,6 +80,7 @@ class NetworkManager:
         self._filters: dict[str, DnsFilter] = {}
         self._learned: dict[str, firewall.LearnedAddresses] = {}
         self._sets = firewall.NetlinkSets()
+        self._applied: dict[str, EgressPolicy] = {}  # the policy each nft table holds
         self._locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
@@ -141,6 +148,7 @@ class NetworkManager:
                 script = firewall.sandbox_table(addr, self.subnet, self.allow_cidrs, pol,
                                                 self.enforce_ips)
                 await asyncio.to_thread(firewall.run, script)
+                self._applied[cid] = pol
                 self._save_policy(cid, pol)
                 await self._start_filter(addr, pol)
             except BaseException:
@@ -160,16 +168,25 @@ class NetworkManager:
         return flt.policy if flt is not None else self._load_policy(cid)
 
     async def set_policy(self, cid: str, policy: object) -> None:
-        """Swap the policy at once: nft chain and sets in one batch, then the DNS filter."""
+        """Swap the policy at once: nft chain and sets in one batch, then the DNS filter.
+
+        The nft batch is skipped when the address part (default action, IP/CIDR rules) is
+        unchanged, as for the usual PATCH adding or removing names: libnftables' cost grows
+        with the number of sandboxes, the DNS filter's swap and the learned-address
+        removal (netlink) do not.
+        """
         pol = coerce(policy)
         async with self._lock(cid):
             if self.leases.get(cid) is None:
                 raise RuntimeFailure(f"container {cid} has no isolated network")
+            applied = self._applied.get(cid)  # what this process put into nft, if anything
             learned = self._learned.get(cid)
             forget = learned.forget_unless(
                 lambda name: pol.evaluate(name)[0] == ALLOW) if learned else []
-            await asyncio.to_thread(firewall.run,
-                                    firewall.policy_update(cid, pol, self.enforce_ips))
+            if applied is None or _address_part(applied) != _address_part(pol):
+                await asyncio.to_thread(firewall.run,
+                                        firewall.policy_update(cid, pol, self.enforce_ips))
+            self._applied[cid] = pol
             if forget:
                 await self._sets.delete(firewall.table_name(cid), "dns4", forget)
             self._save_policy(cid, pol)
@@ -187,6 +204,7 @@ class NetworkManager:
         if flt is not None:
             flt.close()
         self._learned.pop(cid, None)
+        self._applied.pop(cid, None)
         addr = self.leases.get(cid)
         ifname = addr.host_ifname if addr else host_ifname(cid)
         await asyncio.to_thread(links.delete_veth, ifname)
