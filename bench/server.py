@@ -84,6 +84,9 @@ class SandlotServer:
     extra_env: dict[str, str] = field(default_factory=dict)
     # Sized for the 10-concurrent create burst; reported with the create rows.
     warm_pool_size: int = 10
+    # The bench server runs in the machine's own namespace: no veths, nft or forwarding
+    # there. The network benchmark runs its servers in namespaces it makes, with its own.
+    network_toml: str = '[network]\nmode = "none"\n'
 
     @property
     def data_dir(self) -> Path:
@@ -121,7 +124,7 @@ class SandlotServer:
         config.write_text(
             f'data_dir = "{self.data_dir}"\n\n[server]\nhost = "{self.host}"\nport = {self.port}\n'
             f'api_key = "{self.api_key}"\n\n[runtime]\ntype = "oci"\n'
-            f"warm_pool_size = {self.warm_pool_size}\n"
+            f"warm_pool_size = {self.warm_pool_size}\n\n{self.network_toml}"
         )
         env = {**os.environ, **self.extra_env}
         env.pop("OPENSANDBOX_SERVER_API_KEY", None)

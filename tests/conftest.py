@@ -32,6 +32,11 @@ import pytest
 from sandlot.images.model import Image, RegistryAuth
 from sandlot.images.store import ImageStore
 
+# Servers and runtimes of the tests run in the machine's own network namespace, where they
+# must not create veths, nft tables or forwarding: loopback-only sandboxes unless a test says
+# otherwise (tests/net runs isolated networking inside namespaces it creates).
+os.environ.setdefault("SANDLOT_NETWORK_MODE", "none")
+
 DEFAULT_TEST_IMAGES = Path("/var/tmp/sandlot-test/images")
 REGISTRY_BIN = "/usr/bin/docker-registry"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from bench.benchmarks import code, commands, create, density, files, proxy
+from bench.benchmarks import code, commands, create, density, files, network, proxy
 from bench.env import BenchEnv
 from bench.results import Row
 
@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "files": files.run,
     "code": code.run,
     "proxy": proxy.run,
+    "network": network.run,
     "density": density.run,
 }
 
@@ -26,5 +27,6 @@ EXPECTED_KEYS: dict[str, tuple[str, ...]] = {
     "files": files.KEYS,
     "code": code.KEYS,
     "proxy": proxy.KEYS,
+    "network": network.KEYS,
     "density": density.KEYS,
 }

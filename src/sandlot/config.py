@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -18,6 +19,7 @@ from sandlot.config_audit import audit
 
 DEFAULT_DATA_DIR = Path("/var/lib/sandlot")
 API_KEY_ENV = "OPENSANDBOX_SERVER_API_KEY"
+NETWORK_MODE_ENV = "SANDLOT_NETWORK_MODE"
 
 
 class _Section(BaseModel):
@@ -64,12 +66,38 @@ class ExecdConfig(_Section):
     port: int = 44772
 
 
+class NetworkConfig(_Section):
+    # isolated: own namespace, outbound per policy through a veth + NAT (default);
+    # none: loopback only; host: refused at start (see docs/network.md).
+    # The default may come from SANDLOT_NETWORK_MODE (test suites running servers in the
+    # machine's own namespace set "none"); a value in the file wins.
+    mode: Literal["isolated", "none", "host"] = Field(
+        default_factory=lambda: os.environ.get(NETWORK_MODE_ENV, "isolated"),
+        validate_default=True)
+    # Addresses handed to sandboxes (one /30 each); must not overlap the host's routes.
+    subnet: str = "100.88.0.0/16"
+    # Upstream resolvers of the DNS filter; empty: the host's /etc/resolv.conf nameservers.
+    dns_servers: list[str] = Field(default_factory=list)
+    # Destinations exempt from the default deny of private/host ranges (a proxy, a mirror).
+    allow_cidrs: list[str] = Field(default_factory=list)
+
+
+class EgressConfig(_Section):
+    # dns: names are filtered by the DNS filter only; dns+nft: also only addresses the filter
+    # answered (or IP/CIDR rules allowed) can be connected to when the default is deny.
+    mode: Literal["dns", "dns+nft"] = "dns+nft"
+    # The reference's image and disable_ipv6 keys are judged by config_audit (a sidecar
+    # image is warned about; IPv6 is always off inside sandboxes, so false is refused).
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     images: ImagesConfig = Field(default_factory=ImagesConfig)
     execd: ExecdConfig = Field(default_factory=ExecdConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    egress: EgressConfig = Field(default_factory=EgressConfig)
     data_dir: Path = DEFAULT_DATA_DIR
     _warnings: list[str] = PrivateAttr(default_factory=list)
     _refusals: list[str] = PrivateAttr(default_factory=list)
@@ -135,4 +163,13 @@ warm_pool_images = ["base"]
 
 [images]
 insecure_registries = []
+
+[network]
+mode = "isolated"     # isolated (outbound per policy) | none (loopback only)
+subnet = "100.88.0.0/16"
+# dns_servers = ["192.0.2.53"]   # default: the host's resolvers
+# allow_cidrs = ["10.1.2.3/32"]  # e.g. a corporate proxy, exempt from the private-range deny
+
+[egress]
+mode = "dns+nft"      # dns | dns+nft
 """

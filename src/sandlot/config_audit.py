@@ -59,10 +59,10 @@ UPSTREAM: dict[str, dict[str, Rule]] = {
         "docker_runtime": Rule(True, inert=(None, "")),
         "k8s_runtime_class": Rule(False, why="no kubernetes runtime"),
     },
-    "egress": {
+    "egress": {  # [egress] mode is honoured (dns | dns+nft)
         "image": Rule(False, why=_NO_SIDECAR),
-        "mode": Rule(True, inert=("dns",), why="egress is enforced by DNS only"),
-        "disable_ipv6": Rule(False, inert=(True,), why=_NO_SIDECAR),
+        "disable_ipv6": Rule(True, inert=(True,),
+                             why="IPv6 is always off inside sandboxes; false cannot be honoured"),
     },
     "storage": {
         # Host volumes are refused per request (501): an allow-list cannot widen anything.

@@ -62,7 +62,7 @@ def test_unknown_keys_and_sections_are_warned_about(tmp_path: Path) -> None:
     ('[secure_runtime]\ntype = "kata"\ndocker_runtime = "kata-runtime"\n',
      "[secure_runtime] type"),
     ('[ingress]\nmode = "gateway"\n', "[ingress] mode"),
-    ('[egress]\nmode = "dns+nft"\n', "[egress] mode"),
+    ("[egress]\ndisable_ipv6 = false\n", "[egress] disable_ipv6"),  # mode is honoured
     ("[storage]\nquota_enforced = true\n", "[storage] quota_enforced"),
     ("[ingress]\n[ingress.secure_access]\nactive_key = \"k\"\n", "[ingress] secure_access"),
 ])

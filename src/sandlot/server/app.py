@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from sandlot import __version__
 from sandlot.config import Config
 from sandlot.runtime.base import Runtime
-from sandlot.server.api import meta, proxy, sandboxes, sdk_metrics
+from sandlot.server.api import meta, networkpolicy, proxy, sandboxes, sdk_metrics
 from sandlot.server.auth import ApiKeyMiddleware
 from sandlot.server.errors import install_error_handlers
 from sandlot.server.service import SandboxService
@@ -52,6 +52,7 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
     app.include_router(meta.router)
     for prefix in ("/v1", ""):
         app.include_router(sandboxes.router, prefix=prefix)
+        app.include_router(networkpolicy.router, prefix=prefix)
         app.include_router(proxy.router, prefix=prefix)
         app.include_router(sdk_metrics.router, prefix=prefix)
     if not cfg.server.api_key and not cfg.server.insecure_no_auth:

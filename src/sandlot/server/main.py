@@ -46,6 +46,13 @@ def check_config(cfg: Config) -> None:
     if refusals:
         raise StartupRefused("the configuration asks for what this sandlot does not do:\n  "
                              + "\n  ".join(refusals))
+    if cfg.network.mode == "host":
+        raise StartupRefused(
+            '[network] mode = "host" is not supported: each sandbox\'s execd listens on the '
+            "loopback of the sandbox's own network namespace, which sandboxes sharing the "
+            'host\'s namespace cannot have; use "isolated" (outbound access under the egress '
+            'policy, the default) or "none" (loopback only)'
+        )
     if not cfg.server.api_key:
         if not cfg.server.insecure_no_auth:
             raise StartupRefused(

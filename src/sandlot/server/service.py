@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
 import socket
 import uuid
@@ -27,6 +29,8 @@ from sandlot.errors import (
     SandlotError,
     Unsupported,
 )
+from sandlot.net import egress_api
+from sandlot.net.policy import EgressPolicy, parse_policy
 from sandlot.runtime import execd_client
 from sandlot.runtime.base import ImageRef, RegistryAuth, Runtime, SandboxSpec
 from sandlot.server import spec_parts
@@ -98,7 +102,25 @@ class SandboxService:
         for rec in await self.store.load_all():
             self._records[rec.id] = rec
         await reconcile(self)
+        await self._reapply_network_policies()
         await self._prewarm()
+
+    async def _reapply_network_policies(self) -> None:
+        """Enforce the stored policies again (the store is the policy's source of truth)."""
+        for rec in list(self._records.values()):
+            if rec.network_policy is None or rec.state not in (
+                    SandboxState.RUNNING, SandboxState.PAUSED):
+                continue
+            try:
+                await self._runtime_set_policy(rec.id, parse_policy(rec.network_policy))
+            except Exception:  # noqa: BLE001 - one sandbox must not stop the start
+                log.exception("re-applying the network policy of %s failed", rec.id)
+
+    async def _runtime_set_policy(self, sandbox_id: str, policy: EgressPolicy) -> None:
+        setter = getattr(self.runtime, "set_network_policy", None)
+        if setter is None:
+            raise Unsupported(f"the {self.runtime.name} runtime cannot enforce a network policy")
+        await setter(sandbox_id, policy)
 
     async def _prewarm(self) -> None:
         """Ask the runtime to keep warm sandboxes of the pooled images (if it can)."""
@@ -154,6 +176,8 @@ class SandboxService:
 
     async def create(self, req: CreateSandboxRequest) -> SandboxRecord:
         self._check_create(req)
+        if req.network_policy is not None:
+            parse_policy(req.network_policy)  # 400 naming the invalid rule
         limits = dict(req.resource_limits)
         cpu = parse_cpu(limits["cpu"]) if "cpu" in limits else None
         memory = parse_memory(limits["memory"]) if "memory" in limits else None
@@ -496,6 +520,8 @@ class SandboxService:
         headers: dict[str, str] = {}
         if port == self.cfg.execd.port:
             headers[execd_client.TOKEN_HEADER] = self.execd_token(rec)
+        elif port == SDK_EGRESS_PORT:
+            headers[egress_api.EGRESS_AUTH_HEADER] = egress_token(self.execd_token(rec))
         if use_server_proxy:
             url = f"{server_authority}/v1/sandboxes/{sandbox_id}/proxy/{port}"
         else:
@@ -521,8 +547,54 @@ class SandboxService:
         return rec.execd_token or self.tokens.token(rec.id)
 
     async def connect(self, sandbox_id: str, port: int) -> socket.socket:
-        """A connected socket to ``port`` in the sandbox (the runtime's, the only way in)."""
+        """A connected socket to ``port`` in the sandbox (the runtime's, the only way in);
+        the egress port is answered by sandlot itself, never by anything in the sandbox."""
+        if port == SDK_EGRESS_PORT:
+            self.get(sandbox_id)
+            return await egress_api.open_socket(lambda: self._egress_access(sandbox_id))
         return await self.runtime.connect(sandbox_id, port)
+
+    # ----- network policy --------------------------------------------------------------
+
+    def network_policy(self, sandbox_id: str) -> EgressPolicy:
+        return parse_policy(self.get(sandbox_id).network_policy)
+
+    async def set_network_policy(self, sandbox_id: str, policy: EgressPolicy) -> EgressPolicy:
+        """Enforce ``policy`` at once, then store it (re-applied after a restart)."""
+        rec = self.get(sandbox_id)
+        async with self._lock(sandbox_id):
+            if rec.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+                raise Conflict(
+                    f"sandbox {sandbox_id} is {rec.state.value}; the network policy of a "
+                    "Running or Paused sandbox can change",
+                    code="SANDBOX_STATE_CONFLICT",
+                )
+            await self._runtime_set_policy(sandbox_id, policy)
+            rec.network_policy = policy.to_json()
+            rec.updated_at = utcnow()
+            await self.store.save(rec)
+        return policy
+
+    def _egress_access(self, sandbox_id: str) -> egress_api.PolicyAccess | None:
+        rec = self._records.get(sandbox_id)
+        if rec is None:
+            return None
+
+        async def change(policy: EgressPolicy) -> None:
+            await self.set_network_policy(sandbox_id, policy)
+
+        return egress_api.PolicyAccess(
+            token=egress_token(self.execd_token(rec)),
+            current=lambda: self.network_policy(sandbox_id),
+            change=change,
+            enforcement_mode=self.cfg.egress.mode,
+        )
+
+
+def egress_token(execd_token: str) -> str:
+    """The sandbox's OPENSANDBOX-EGRESS-AUTH value: derived from its stored secret, so it
+    needs no column of its own and is the same after a restart."""
+    return hmac.new(execd_token.encode(), b"sandlot egress api", hashlib.sha256).hexdigest()
 
 
 def _bind_host(host: str) -> str:

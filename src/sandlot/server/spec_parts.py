@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandlot.errors import InvalidRequest
+from sandlot.net.policy import parse_policy
 from sandlot.runtime.base import EgressRule, NetworkPolicy, VolumeSpec
 
 # The backend structs of an OpenSandbox Volume; exactly one per entry.
@@ -41,10 +42,10 @@ def volume_specs(volumes: list[dict[str, Any]] | None) -> list[VolumeSpec]:
 
 
 def network_policy(raw: dict[str, Any] | None) -> NetworkPolicy | None:
-    if raw is None:
+    """The request's ``networkPolicy`` with the egress component's semantics (validated;
+    ``defaultAction`` defaults to deny); None (no restriction) for none or ``{}``."""
+    policy = parse_policy(raw)
+    if policy.allows_everything:
         return None
-    rules = tuple(
-        EgressRule(action=str(r.get("action", "")), target=str(r.get("target", "")))
-        for r in raw.get("egress") or [] if isinstance(r, dict)
-    )
-    return NetworkPolicy(default_action=str(raw.get("defaultAction", "deny")), egress=rules)
+    return NetworkPolicy(default_action=policy.default_action, egress=tuple(
+        EgressRule(action=r.action, target=r.target) for r in policy.egress))

@@ -32,8 +32,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sandlot.config import Config
-from sandlot.errors import Conflict, ImageNotFound, InvalidRequest, NotFound, RuntimeFailure
+from sandlot.errors import (
+    Conflict,
+    ImageNotFound,
+    InvalidRequest,
+    NotFound,
+    RuntimeFailure,
+)
 from sandlot.images.model import Image, RegistryAuth
+from sandlot.net.manager import NetworkManager
 from sandlot.runtime import execd_client
 from sandlot.runtime.base import (
     ContainerInfo,
@@ -108,12 +115,16 @@ class OciRuntime(Runtime):
         *,
         images: ImageSource,
         execd_port: int = execd_client.DEFAULT_PORT,
+        network: NetworkManager | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.images = images
         self.execd_port = execd_port
+        # A policy is enforced in mode "isolated" and trivially met in "none" (nothing
+        # leaves the sandbox).
         self.capabilities = RuntimeCapabilities(
             pause=True, isolation=Path(binary).name, platforms=frozenset({HOST_PLATFORM}),
+            network_policy=True,
         )
         self.runc = Runc(binary, data_dir / "runc")
         self.bundle = bundle
@@ -126,6 +137,7 @@ class OciRuntime(Runtime):
                                   self._make_warm, self._teardown)
         self._made_warm: set[str] = set()  # warm containers this instance started
         self._pool_lock_fd: int | None = None
+        self.network = network  # set in mode "isolated"
 
     @classmethod
     async def open(cls, cfg: Config, images: ImageSource | None = None) -> OciRuntime:
@@ -149,11 +161,19 @@ class OciRuntime(Runtime):
 
             images = ImageStore(root=data_dir / "images",
                                 insecure_registries=cfg.images.insecure_registries)
+        network = None
+        if cfg.network.mode == "isolated":
+            network = await NetworkManager.open(cfg, data_dir)
         rt = cls(data_dir, resolved, bundle, cfg.runtime.pids_limit,
                  cfg.runtime.warm_pool_size, cfg.runtime.warm_pool_images,
-                 images=images, execd_port=cfg.execd.port)
+                 images=images, execd_port=cfg.execd.port,
+                 network=network)
         if rt._own_pool_dir():
             await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
+            if network is not None:
+                await network.restore(rt._container_ids())
+            else:
+                await NetworkManager.remove_all(cfg, data_dir)  # left by mode "isolated"
         return rt
 
     def _own_pool_dir(self) -> bool:
@@ -243,11 +263,19 @@ class OciRuntime(Runtime):
             f"127.0.0.1\tlocalhost {host}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
         )
         ns = await netns.create_netns(netns_name(spec.sandbox_id))
+        if self.network is not None:
+            await self.network.setup(spec.sandbox_id, ns, None if pooled else spec.network_policy)
+            (p.etc / "resolv.conf").write_text(self.network.resolv_conf(spec.sandbox_id))
         mounts.mount_overlay(list(image.lower_dirs), p.upper, p.work, p.rootfs)
         limited = SandboxSpec(**{**spec.__dict__, "pids_limit": min(spec.pids_limit,
                                                                    self.pids_limit)})
         config = ocispec.build_config(limited, image, self.bundle, netns=ns, etc_dir=p.etc,
                                       swap_limit=self._swap, execd_port=self.execd_port)
+        if self.network is not None:
+            config["mounts"].append({
+                "destination": "/etc/resolv.conf", "type": "bind",
+                "source": str(p.etc / "resolv.conf"),
+                "options": ["bind", "ro", "nosuid", "nodev", "noexec"]})
         if pooled:
             args = config["process"]["args"]
             args.insert(args.index("sandlot.execd") + 1, "--pooled")
@@ -258,6 +286,13 @@ class OciRuntime(Runtime):
             )
         p.config_json.write_text(json.dumps(config, indent=1))
         await self.runc.run_detached(spec.sandbox_id, p.bundle, p.container_log, p.runc_log)
+
+    async def set_network_policy(self, sandbox_id: str, policy: object) -> None:
+        """Enforce ``policy`` for a running sandbox at once (no restart of anything)."""
+        _check_id(sandbox_id)
+        if self.network is None:
+            return  # mode none: nothing leaves the sandbox whatever the policy says
+        await self.network.set_policy(self.container_id(sandbox_id), policy)
 
     # -- delete -------------------------------------------------------------------------
 
@@ -276,6 +311,8 @@ class OciRuntime(Runtime):
         await asyncio.to_thread(cgroups.remove_sandbox_cgroups, sandbox_id)
         for mp in mounts.mounts_under(p.root):
             mounts.unmount(Path(mp))
+        if self.network is not None:
+            await self.network.teardown(sandbox_id)
         await netns.delete_netns(netns_name(sandbox_id))
         state_dir = self.runc.root / sandbox_id
         if state_dir.exists():  # runc could not delete it (e.g. its init already gone)
@@ -353,6 +390,8 @@ class OciRuntime(Runtime):
         """Stop refilling and delete the unclaimed warm containers (a start re-creates them)."""
         await self.drain_pool()
         self._connector.close()
+        if self.network is not None:
+            await self.network.close()
         if self._pool_lock_fd is not None:
             os.close(self._pool_lock_fd)  # releases the pool lock
             self._pool_lock_fd = None
@@ -416,6 +455,8 @@ class OciRuntime(Runtime):
         try:
             pid = claimops.init_pid(self.runc.root, cid)
             await asyncio.to_thread(self._claim_host_side, spec, cid, pid, p)
+            if self.network is not None and spec.network_policy is not None:
+                await self.network.set_policy(cid, spec.network_policy)
             await execd_client.claim(self._execd_connect(cid), warm.token,
                                      env=self._claim_env(spec, image), token=spec.execd_token,
                                      entrypoint=list(spec.entrypoint))

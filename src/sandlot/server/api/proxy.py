@@ -110,6 +110,18 @@ async def _target(request_app: Any, sandbox_id: str, port: int) -> tuple[httpx.A
     return clients.of(sandbox_id), f"http://sandbox:{port}"
 
 
+def rebase_location(location: str, request_path: str, port: int) -> str:
+    """A root-relative redirect of the sandbox's service, made relative to this route:
+    ``/login`` from port 8000 becomes ``/v1/sandboxes/<id>/proxy/8000/login``."""
+    if not location.startswith("/") or location.startswith("//"):
+        return location  # absolute, scheme-relative or relative: already right
+    marker = f"/proxy/{port}"
+    cut = request_path.find(marker)
+    if cut < 0:
+        return location
+    return request_path[: cut + len(marker)] + location
+
+
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
@@ -138,6 +150,9 @@ async def proxy_http(
     resp_headers = {
         k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP | {"server"}
     }
+    location = upstream.headers.get("location")
+    if location is not None:
+        resp_headers["location"] = rebase_location(location, request.url.path, port)
     return StreamingResponse(
         upstream.aiter_raw(),
         status_code=upstream.status_code,

@@ -1,0 +1,213 @@
+"""7. Networking (issue 12): create cost, throughput, the DNS filter, policy changes, fan-out.
+
+Runs two servers of its own inside network namespaces it creates (``tests/net/testhosts.py``:
+the only way out leads to test hosts at 198.51.100.0/24), never in the machine's own
+namespace: one with ``[network] mode = "isolated"`` and one with ``"none"``, each with a
+warm pool of the base image, so the create rows compare networking on and off in the same
+run. Baselines: networking off (create), the server's own namespace downloading from the
+test host (throughput), the test host's DNS server asked directly from the same sandbox
+(DNS), a GET of the policy on the same egress endpoint (PATCH).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import time
+
+import httpx
+from opensandbox import Sandbox
+from opensandbox.models.filesystem import WriteEntry
+from opensandbox.models.sandboxes import NetworkPolicy, NetworkRule
+from tests.net.testhosts import HOST, nsenter, test_network, thread_in_netns
+
+from bench.env import BenchEnv
+from bench.results import Measured, Row, Target, ms
+from bench.sdk import Sandboxes
+from bench.server import SandlotServer
+
+BENCH = "network"
+KEYS = ("network.create", "network.create_delta", "network.create_policy",
+        "network.throughput", "network.dns", "network.policy_patch", "network.fanout")
+POLICY = NetworkPolicy(defaultAction="deny", egress=[
+    NetworkRule(action="allow", target="allowed.test"),
+    NetworkRule(action="allow", target="*.wild.test")])
+DNS_SCRIPT = r'''
+import socket, struct, sys, time
+server, n = sys.argv[1], int(sys.argv[2])
+q = (struct.pack(">HHHHHH", 1, 256, 1, 0, 0, 0) + b"\x07allowed\x04test\x00"
+     + struct.pack(">HH", 1, 1))
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(3)
+out = []
+for _ in range(n):
+    t = time.perf_counter(); s.sendto(q, (server, 53)); s.recv(512)
+    out.append(time.perf_counter() - t)
+print(" ".join(f"{x:.7f}" for x in out))
+'''
+FANOUT_SCRIPT = r'''
+import concurrent.futures, urllib.request
+def get(_):
+    try:
+        return urllib.request.urlopen("http://allowed.test/hello.txt", timeout=20).read() != b""
+    except Exception:
+        return False
+with concurrent.futures.ThreadPoolExecutor(20) as pool:
+    print(sum(not ok for ok in pool.map(get, range(20))))
+'''
+
+
+async def _sh(sandbox: Sandbox, cmd: str) -> str:
+    ex = await sandbox.commands.run(cmd)
+    return "".join(m.text for m in ex.logs.stdout)
+
+
+def _curl_mbps(prefix: list[str]) -> float | None:
+    r = subprocess.run([*prefix, "curl", "-sS", "-o", "/dev/null", "-w", "%{speed_download}",
+                        f"http://{HOST}/big.bin"], capture_output=True, text=True, timeout=120)
+    return float(r.stdout) / 1e6 if r.returncode == 0 and r.stdout else None
+
+
+async def run(env: BenchEnv) -> list[Row]:
+    quick = env.quick
+    n_create, n_dns, n_patch = (3, 20, 5) if quick else (30, 300, 50)
+    n_fan, n_tp = (5, 1) if quick else (50, 3)
+    run_id = f"net-{int(time.time())}"
+    rows: list[Row] = []
+    with test_network(env.workdir / "netlab") as lab, thread_in_netns(lab.server_ns):
+        on = SandlotServer(image_cache=env.image_cache, warm_pool_size=2, network_toml=(
+            f'[network]\nmode = "isolated"\ndns_servers = ["{HOST}"]\n'
+            '[egress]\nmode = "dns+nft"\n'))
+        off = SandlotServer(image_cache=env.image_cache, warm_pool_size=2)
+        son, soff = Sandboxes(on, run_id), Sandboxes(off, run_id)
+        try:
+            on.start()
+            off.start()
+            rows += await _creates(son, soff, n_create)
+            rows += await _traffic(son, n_dns, n_patch, n_tp, lab.server_ns)
+            rows.append(await _fanout(son, n_fan))
+        finally:
+            for s in (son, soff):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(s.delete_all(), 180)
+                await s.aclose()
+            for server in (on, off):
+                server.stop()
+                server.remove()
+    return rows
+
+
+async def _creates(son: Sandboxes, soff: Sandboxes, n: int) -> list[Row]:
+    on: list[float] = []
+    off: list[float] = []
+    policy: list[float] = []
+    for _ in range(n):
+        for samples, sb_set, kwargs in ((off, soff, {}), (on, son, {}),
+                                        (policy, son, {"network_policy": POLICY})):
+            await asyncio.sleep(0.6)  # the warm pool refills after each claim
+            sandbox, seconds = await sb_set.create(**kwargs)
+            samples.append(seconds)
+            await sb_set.delete(sandbox)
+    delta = [a - b for a, b in zip(on, off, strict=True)]
+    return [
+        Row(key="network.create", bench=BENCH, label="create to Running, networking on",
+            unit="ms", sandlot=Measured("isolated", ms(on)),
+            baselines=[Measured("networking off", ms(off))]),
+        Row(key="network.create_delta", bench=BENCH,
+            label="create: on minus off (same round)", unit="ms",
+            sandlot=Measured("on - off", ms(delta)), target=Target("<=", 3, "p50", "issue 12"),
+            note="pairs of creates alternating between the two servers"),
+        Row(key="network.create_policy", bench=BENCH,
+            label="create to Running with a deny+allow networkPolicy", unit="ms",
+            sandlot=Measured("isolated + policy", ms(policy)),
+            baselines=[Measured("networking off", ms(off))]),
+    ]
+
+
+async def _traffic(son: Sandboxes, n_dns: int, n_patch: int, n_tp: int,
+                   server_ns: str) -> list[Row]:
+    sandbox, _ = await son.create(network_policy=POLICY)
+    resolv = await _sh(sandbox, "cat /etc/resolv.conf")
+    gateway = resolv.split("nameserver", 1)[1].split()[0]
+    await sandbox.files.write_files([WriteEntry(path="/tmp/dns.py", data=DNS_SCRIPT)])
+    mine: list[float] = []
+    direct: list[float] = []
+    permit_direct = [NetworkRule(action="allow", target=f"{HOST}/32")]
+    await sandbox.patch_egress_rules(permit_direct)  # the baseline asks the host directly
+    for _ in range(2):  # alternate: drift hits both alike
+        mine += [float(x) for x in (await _sh(
+            sandbox, f"python3 /tmp/dns.py {gateway} {n_dns // 2}")).split()]
+        direct += [float(x) for x in (await _sh(
+            sandbox, f"python3 /tmp/dns.py {HOST} {n_dns // 2}")).split()]
+    rows = [Row(key="network.dns", bench=BENCH, label="DNS lookup through the filter",
+                unit="ms", sandlot=Measured("filter", ms(mine)),
+                target=Target("<=", 1, "p50", "issue 12"),
+                baselines=[Measured("test host's DNS, direct", ms(direct))])]
+
+    tp_sandbox: list[float] = []
+    tp_host: list[float] = []
+    for _ in range(n_tp):
+        out = await _sh(sandbox, "curl -sS -o /dev/null -w '%{speed_download}' "
+                                 "http://allowed.test/big.bin")
+        if out.strip():
+            tp_sandbox.append(float(out) / 1e6)
+        # Named explicitly: a worker thread may have been started in the machine's own
+        # namespace, and this download must never leave the test namespaces.
+        host = await asyncio.to_thread(_curl_mbps, nsenter(server_ns))
+        if host is not None:
+            tp_host.append(host)
+    rows.append(Row(key="network.throughput", bench=BENCH,
+                    label="TCP download sandbox -> test host (100 MiB)", unit="MB/s",
+                    sandlot=Measured("sandbox", tp_sandbox), higher_is_better=True,
+                    baselines=[Measured("host -> test host", tp_host)],
+                    note="target: >= 50 % of the host's figure (see the ratio)"))
+
+    ep = await sandbox.get_endpoint(18080)
+    headers = dict(ep.headers or {})
+    patch: list[float] = []
+    get: list[float] = []
+    async with httpx.AsyncClient(base_url=f"http://{ep.endpoint}", headers=headers,
+                                 timeout=30) as client:
+        for i in range(n_patch):
+            t0 = time.perf_counter()
+            r = await client.patch("/policy", content=json.dumps(
+                [{"action": "allow" if i % 2 else "deny", "target": "bench.test"}]))
+            patch.append(time.perf_counter() - t0)
+            r.raise_for_status()
+            t0 = time.perf_counter()
+            (await client.get("/policy")).raise_for_status()
+            get.append(time.perf_counter() - t0)
+    rows.append(Row(key="network.policy_patch", bench=BENCH,
+                    label="egress PATCH until enforced (answered after the nft batch)",
+                    unit="ms", sandlot=Measured("PATCH", ms(patch)),
+                    target=Target("<=", 20, "p50", "issue 12"),
+                    baselines=[Measured("GET /policy", ms(get))]))
+    await son.delete(sandbox)
+    return rows
+
+
+async def _fanout(son: Sandboxes, n: int) -> Row:
+    sem = asyncio.Semaphore(5)
+
+    async def one() -> Sandbox:
+        async with sem:
+            sandbox, _ = await son.create(ready_timeout=120.0)
+            return sandbox
+
+    sandboxes = await asyncio.gather(*(one() for _ in range(n)))
+    for sandbox in sandboxes:
+        await sandbox.files.write_files([WriteEntry(path="/tmp/fan.py", data=FANOUT_SCRIPT)])
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*(_sh(sb, "python3 /tmp/fan.py") for sb in sandboxes))
+    seconds = time.perf_counter() - t0
+    failures = [float(o.strip() or 20) for o in outs]
+    await asyncio.gather(*(son.delete(sb) for sb in sandboxes))
+    return Row(key="network.fanout", bench=BENCH,
+               label=f"{n} sandboxes x 20 outbound connections at once: failures",
+               unit="count", sandlot=Measured("failures per sandbox", failures),
+               target=Target("<=", 0, "max", "issue 12"),
+               note=f"{n * 20} connections in {seconds:.1f} s")
+
+

@@ -1,0 +1,90 @@
+"""``NetworkManager`` on its own: a failed set-up leaves nothing, teardown is idempotent, a
+restart picks up live networks and removes dead ones. Each case runs in a fresh process
+inside a namespace the test creates (``nsenter``), so nothing can touch the machine's own."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.net.testhosts import nsenter
+
+SCRIPT = textwrap.dedent('''
+    import asyncio, subprocess, sys, tempfile
+    from pathlib import Path
+    from sandlot.config import Config
+    from sandlot.errors import RuntimeFailure
+    from sandlot.net import firewall, links
+    from sandlot.net.manager import NetworkManager
+
+    async def veths():
+        return await asyncio.to_thread(links.host_links, "slv")  # pyroute2's own loop
+
+    async def nothing_left(data):
+        assert await veths() == [], await veths()
+        assert firewall.tables() == [], firewall.tables()
+        assert list((data / "net" / "leases").iterdir()) == []
+
+    async def main():
+        data = Path(tempfile.mkdtemp())
+        cfg = Config.model_validate({"network": {"mode": "isolated",
+                                                 "dns_servers": ["198.51.100.10"]}})
+        mgr = await NetworkManager.open(cfg, data)
+        # A set-up that fails half-way (no such namespace) leaves nothing.
+        try:
+            await mgr.setup("bad", Path("/run/netns/does-not-exist-" + sys.argv[1]))
+        except (OSError, RuntimeFailure):
+            pass
+        else:
+            raise AssertionError("set-up into a missing namespace succeeded")
+        await nothing_left(data)
+        await mgr.teardown("never-existed")  # idempotent
+
+        # A restart: the live network keeps its veth, table and DNS filter; a dead one goes.
+        ns = ["sltnmgr" + sys.argv[1] + s for s in ("a", "b")]
+        for name in ns:
+            subprocess.run(["ip", "netns", "add", name], check=True)
+        await mgr.setup("live", Path("/run/netns/" + ns[0]))
+        await mgr.setup("dead", Path("/run/netns/" + ns[1]))
+        await mgr.set_policy("live", {"defaultAction": "deny"})
+        assert len(await veths()) == 2 and len(firewall.tables()) == 2
+        await mgr.close()
+        again = await NetworkManager.open(cfg, data)
+        await again.restore({"live"})  # "dead": its container is gone
+        assert [a.container_id for a in again.leases.all()] == ["live"]
+        assert len(await veths()) == 1 and len(firewall.tables()) == 1
+        assert again.policy("live").default_action == "deny"  # re-opened with its policy
+        # A server started later in another mode removes what "isolated" left.
+        await again.close()
+        none = Config.model_validate({"network": {"mode": "none"}})
+        await NetworkManager.remove_all(none, data)
+        for name in ns:
+            subprocess.run(["ip", "netns", "delete", name], check=True)
+        await nothing_left(data)
+        print("ok")
+
+    asyncio.run(main())
+''')
+
+
+def test_failed_setup_and_restart_leave_nothing() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root for network namespaces")
+    tag = secrets.token_hex(3)
+    ns = "sltn" + tag + "m"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(nsenter(ns, "ip", "link", "set", "lo", "up"), check=True)
+        r = subprocess.run(nsenter(ns, sys.executable, "-c", SCRIPT, tag), capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+    finally:
+        subprocess.run(["ip", "netns", "delete", ns], check=False)
+        for leftover in (f"sltnmgr{tag}a", f"sltnmgr{tag}b"):
+            subprocess.run(["ip", "netns", "delete", leftover], check=False,
+                           capture_output=True)
