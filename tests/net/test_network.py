@@ -43,7 +43,8 @@ DENY_POLICY = NetworkPolicy(
 
 async def sh(sandbox: Sandbox, cmd: str) -> tuple[int, str]:
     ex = await sandbox.commands.run(cmd)
-    out = "".join(m.text for m in ex.logs.stdout) + "".join(m.text for m in ex.logs.stderr)
+    # One message per line, terminator stripped (the reference execd's framing).
+    out = "\n".join([m.text for m in ex.logs.stdout] + [m.text for m in ex.logs.stderr])
     code = ex.exit_code if ex.exit_code is not None else (1 if ex.error else 0)
     return code, out
 
