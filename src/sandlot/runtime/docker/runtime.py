@@ -1,0 +1,369 @@
+"""``DockerRuntime``: sandboxes as containers of a Docker engine (``[runtime] type = "docker"``).
+
+For hosts that already run Docker and keep their images in it. Each sandbox is one
+container named ``sandlot-<id>``, labelled with its sandbox id and with this sandlot's owner
+id (one per data dir), so a restarted server finds its sandboxes again from the engine alone
+and never touches containers of another sandlot or anyone else on the same engine. execd
+comes from sandlot's bundle, bind-mounted read-only (``container.py``); the server reaches
+it and every other port through ``connect`` (``network.py``).
+
+The engine must run on this host (it mounts the bundle from this host's disk and the server
+enters containers' network namespaces through their pids), as with a local dockerd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import platform
+import socket
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from docker.errors import APIError, DockerException
+from docker.errors import NotFound as DockerNotFound
+
+from sandlot.config import Config
+from sandlot.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    RuntimeFailure,
+    SandlotError,
+    Unsupported,
+)
+from sandlot.runtime.base import (
+    ContainerInfo,
+    ContainerState,
+    CreateResult,
+    ImageRef,
+    Progress,
+    Runtime,
+    RuntimeCapabilities,
+    SandboxSpec,
+)
+from sandlot.runtime.docker import images
+from sandlot.runtime.docker.container import (
+    LABEL_EXECD_PORT,
+    LABEL_OWNER,
+    LABEL_SANDBOX,
+    Plan,
+    container_name,
+    security_options,
+)
+from sandlot.runtime.docker.engine import Engine
+from sandlot.runtime.docker.network import HostPortAllocator, NetworkKind, NetworkMode
+from sandlot.runtime.execd_bundle import ensure_bundle
+from sandlot.runtime.oci.netns import NetnsConnector
+
+log = logging.getLogger(__name__)
+
+_ARCHES = {"x86_64": "amd64", "aarch64": "arm64"}
+_STATES = {
+    "created": ContainerState.CREATED,
+    "running": ContainerState.RUNNING,
+    "restarting": ContainerState.RUNNING,
+    "paused": ContainerState.PAUSED,
+    "removing": ContainerState.STOPPED,
+    "exited": ContainerState.STOPPED,
+    "dead": ContainerState.STOPPED,
+}
+
+
+def _owner_id(data_dir: Path) -> str:
+    """This data dir's owner label value, made once and kept in the data dir."""
+    path = data_dir / "docker-owner"
+    with contextlib.suppress(FileNotFoundError):
+        value = path.read_text().strip()
+        if value:
+            return value
+    value = uuid.uuid4().hex
+    path.write_text(value + "\n")
+    path.chmod(0o600)
+    return value
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (tells a reused pid from the container's init)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+class DockerRuntime(Runtime):
+    """The Docker backend (see module docstring)."""
+
+    name = "docker"
+
+    def __init__(self, engine: Engine, plan: Plan, ports: HostPortAllocator) -> None:
+        self.engine = engine
+        self.plan = plan
+        self.ports = ports
+        info_arch = _ARCHES.get(platform.machine(), platform.machine())
+        self.capabilities = RuntimeCapabilities(
+            pause=True, isolation="docker", platforms=frozenset({f"linux/{info_arch}"}),
+        )
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._connector = NetnsConnector()
+        self._inits: dict[str, tuple[int, str]] = {}  # sandbox id -> (init pid, start time)
+
+    @classmethod
+    async def open(cls, cfg: Config) -> DockerRuntime:
+        """Reach the engine, check ``[docker]``, build (or reuse) the execd bundle."""
+        dcfg = cfg.docker
+        network = NetworkMode.parse(dcfg.network_mode)
+        ports = HostPortAllocator(dcfg.port_range_min, dcfg.port_range_max)
+        security_opt = security_options(dcfg)
+        engine = await asyncio.to_thread(Engine.from_env, dcfg.api_timeout)
+        try:
+            info = await engine.call(engine.client.info)
+            if network.kind == NetworkKind.USER:
+                await _require_network(engine, network.name)
+            if network.kind == NetworkKind.HOST:
+                log.warning('[docker] network_mode = "host": sandboxes share the host network '
+                            "(its ports, its addresses); use bridge or none to isolate them")
+            cfg.data_dir.mkdir(parents=True, exist_ok=True)
+            bundle = await asyncio.to_thread(ensure_bundle, cfg.data_dir / "execd-bundle")
+            plan = Plan(bundle=bundle, cfg=dcfg, network=network,
+                        owner=_owner_id(cfg.data_dir), execd_port=cfg.execd.port,
+                        security_opt=security_opt, swap_limit=bool(info.get("SwapLimit")))
+            rt = cls(engine, plan, ports)
+            await rt._adopt_host_ports()
+        except BaseException:
+            engine.close()
+            raise
+        log.info("docker engine %s (%s), network mode %s", info.get("ServerVersion"),
+                 info.get("Name"), network.name)
+        return rt
+
+    # -- create -------------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec, progress: Progress | None = None) -> CreateResult:
+        _check_spec(spec)
+        async with self._locks[spec.sandbox_id]:
+            if await self._attrs(spec.sandbox_id) is not None:
+                raise Conflict(f"sandbox {spec.sandbox_id} already exists")
+            image = await images.resolve(self.engine, spec.image, progress)
+            host_port = self.ports.allocate() if self.plan.network.kind == NetworkKind.HOST \
+                else None
+            try:
+                kwargs = self.plan.create_kwargs(self.engine.api, spec, image, host_port)
+                created = await self.engine.call(self.engine.api.create_container, **kwargs)
+                await self.engine.call(self.engine.api.start, created["Id"])
+            except BaseException as exc:
+                with contextlib.suppress(Exception):
+                    await self._remove(spec.sandbox_id)
+                self.ports.release(host_port)
+                if isinstance(exc, SandlotError):
+                    raise
+                if isinstance(exc, DockerException):
+                    raise RuntimeFailure(
+                        f"the Docker engine cannot start sandbox {spec.sandbox_id}: "
+                        f"{_explain(exc)}"
+                    ) from exc
+                raise
+        return CreateResult(execd_ready=False)
+
+    # -- delete -------------------------------------------------------------------------
+
+    async def delete(self, sandbox_id: str) -> None:
+        _check_id(sandbox_id)
+        async with self._locks[sandbox_id]:
+            await self._remove(sandbox_id)
+        self._locks.pop(sandbox_id, None)
+
+    async def _remove(self, sandbox_id: str) -> None:
+        attrs = await self._attrs(sandbox_id)
+        self._inits.pop(sandbox_id, None)
+        if attrs is None:
+            return
+        try:
+            await self.engine.call(self.engine.api.remove_container, attrs["Id"], v=True,
+                                   force=True)
+        except DockerNotFound:
+            pass
+        except APIError as exc:
+            if "already in progress" not in _explain(exc):
+                raise RuntimeFailure(f"cannot remove sandbox {sandbox_id}: {_explain(exc)}") \
+                    from exc
+            await self._wait_gone(attrs["Id"])
+        self.ports.release(_host_port(attrs))
+
+    async def _wait_gone(self, container: str, timeout: float = 30) -> None:
+        """Another removal of the same container is under way: wait until it is done."""
+        with contextlib.suppress(DockerNotFound):
+            async with asyncio.timeout(timeout):
+                while True:
+                    await self.engine.call(self.engine.api.inspect_container, container)
+                    await asyncio.sleep(0.1)
+
+    # -- state --------------------------------------------------------------------------
+
+    async def _attrs(self, sandbox_id: str) -> dict[str, Any] | None:
+        """The engine's view of this sandlot's container for ``sandbox_id``; None if none."""
+        try:
+            attrs: dict[str, Any] = await self.engine.call(
+                self.engine.api.inspect_container, container_name(sandbox_id))
+        except DockerNotFound:
+            return None
+        except DockerException as exc:
+            raise RuntimeFailure(f"the Docker engine cannot inspect {sandbox_id}: "
+                                 f"{_explain(exc)}") from exc
+        labels = (attrs.get("Config") or {}).get("Labels") or {}
+        if labels.get(LABEL_OWNER) != self.plan.owner or labels.get(LABEL_SANDBOX) != sandbox_id:
+            return None  # same name, but not this sandlot's sandbox
+        return attrs
+
+    async def inspect(self, sandbox_id: str) -> ContainerInfo:
+        _check_id(sandbox_id)
+        attrs = await self._attrs(sandbox_id)
+        if attrs is None:
+            return ContainerInfo(sandbox_id, ContainerState.MISSING,
+                                 reason="the container is gone from the Docker engine")
+        st = attrs.get("State") or {}
+        state = _STATES.get(str(st.get("Status", "")), ContainerState.STOPPED)
+        if state == ContainerState.STOPPED:
+            return ContainerInfo(sandbox_id, state, exit_code=st.get("ExitCode"),
+                                 reason="OOMKilled" if st.get("OOMKilled") else None)
+        return ContainerInfo(sandbox_id, state, pid=int(st.get("Pid") or 0) or None)
+
+    async def pause(self, sandbox_id: str) -> None:
+        info = await self.inspect(sandbox_id)
+        if info.state == ContainerState.PAUSED:
+            return
+        _require_running(info)
+        await self._engine_op("pause", self.engine.api.pause, sandbox_id)
+
+    async def resume(self, sandbox_id: str) -> None:
+        info = await self.inspect(sandbox_id)
+        if info.state == ContainerState.RUNNING:
+            return
+        if info.state != ContainerState.PAUSED:
+            _require_running(info)
+        await self._engine_op("resume", self.engine.api.unpause, sandbox_id)
+
+    async def _engine_op(self, what: str, fn: Any, sandbox_id: str) -> None:
+        try:
+            await self.engine.call(fn, container_name(sandbox_id))
+        except DockerNotFound as exc:
+            raise NotFound(f"sandbox {sandbox_id} not found") from exc
+        except DockerException as exc:
+            raise RuntimeFailure(f"cannot {what} sandbox {sandbox_id}: {_explain(exc)}") \
+                from exc
+
+    async def list_ids(self) -> set[str]:
+        """This sandlot's sandboxes in the engine, found by their labels."""
+        found = await self.engine.call(
+            self.engine.api.containers, all=True,
+            filters={"label": [f"{LABEL_OWNER}={self.plan.owner}"]})
+        return {str(c["Labels"][LABEL_SANDBOX]) for c in found
+                if (c.get("Labels") or {}).get(LABEL_SANDBOX)}
+
+    async def _adopt_host_ports(self) -> None:
+        """Ports execd of host-network sandboxes from before a restart still listen on."""
+        found = await self.engine.call(
+            self.engine.api.containers, all=True,
+            filters={"label": [f"{LABEL_OWNER}={self.plan.owner}", LABEL_EXECD_PORT]})
+        for c in found:
+            port = _host_port({"Config": {"Labels": c.get("Labels") or {}}})
+            if port is not None:
+                self.ports.taken.add(port)
+
+    # -- connect ------------------------------------------------------------------------
+
+    async def connect(self, sandbox_id: str, port: int) -> socket.socket:
+        _check_id(sandbox_id)
+        if not 0 < port < 65536:
+            raise InvalidRequest(f"port {port} is out of range (1-65535)")
+        if self.plan.network.kind == NetworkKind.HOST:
+            return await self._connect_host(sandbox_id, port)
+        pid = await self._init_pid(sandbox_id)
+        return await self._connector.connect(Path(f"/proc/{pid}/ns/net"), port)
+
+    async def _connect_host(self, sandbox_id: str, port: int) -> socket.socket:
+        if port == self.plan.execd_port:
+            attrs = await self._attrs(sandbox_id)
+            if attrs is None:
+                raise NotFound(f"sandbox {sandbox_id} not found")
+            host_port = _host_port(attrs)
+            if host_port is None:
+                raise RuntimeFailure(f"sandbox {sandbox_id} has no execd port label")
+            port = host_port
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    async def _init_pid(self, sandbox_id: str) -> int:
+        """The container's init pid, cached while the same process still runs under it."""
+        known = self._inits.get(sandbox_id)
+        if known is not None and _start_time(known[0]) == known[1]:
+            return known[0]
+        info = await self.inspect(sandbox_id)
+        if info.state == ContainerState.MISSING:
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        if info.pid is None:
+            raise ConnectionRefusedError(f"sandbox {sandbox_id} is {info.state.value}")
+        started = _start_time(info.pid)
+        if started is None:
+            raise ConnectionRefusedError(f"sandbox {sandbox_id}'s init has just exited")
+        self._inits[sandbox_id] = (info.pid, started)
+        return info.pid
+
+    async def prewarm(self, image: ImageRef) -> None:
+        """No warm pool on Docker: the engine's own start path is used every time."""
+
+    async def close(self) -> None:
+        self._connector.close()
+        self.engine.close()
+
+
+async def _require_network(engine: Engine, name: str) -> None:
+    try:
+        await engine.call(engine.api.inspect_network, name)
+    except DockerNotFound as exc:
+        raise RuntimeFailure(
+            f"[docker] network_mode {name!r}: the Docker engine has no such network; create "
+            f"it first (docker network create {name})"
+        ) from exc
+
+
+def _host_port(attrs: dict[str, Any]) -> int | None:
+    value = ((attrs.get("Config") or {}).get("Labels") or {}).get(LABEL_EXECD_PORT)
+    return int(value) if value and str(value).isdigit() else None
+
+
+def _explain(exc: DockerException) -> str:
+    return str(getattr(exc, "explanation", None) or exc)
+
+
+def _check_id(sandbox_id: str) -> None:
+    # Container names allow [a-zA-Z0-9][a-zA-Z0-9_.-]; sandbox ids are UUIDs or alike.
+    if not sandbox_id or not (sandbox_id[0].isalnum() and all(
+            c.isalnum() or c in "_.-" for c in sandbox_id)) or len(sandbox_id) > 128:
+        raise InvalidRequest(f"invalid sandbox id {sandbox_id!r}: use letters, digits, '_.-'")
+
+
+def _check_spec(spec: SandboxSpec) -> None:
+    _check_id(spec.sandbox_id)
+    if spec.volumes:
+        raise Unsupported("volumes are not supported by the docker runtime")
+    if spec.network_policy is not None:
+        raise Unsupported("networkPolicy is not supported by the docker runtime")
+
+
+def _require_running(info: ContainerInfo) -> None:
+    if info.state == ContainerState.MISSING:
+        raise NotFound(f"sandbox {info.sandbox_id} not found")
+    if info.state != ContainerState.RUNNING:
+        raise Conflict(f"sandbox {info.sandbox_id} is {info.state.value}, not running")
+
