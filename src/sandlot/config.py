@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from sandlot.config_audit import audit
 
@@ -130,6 +130,14 @@ class Config(_Section):
     data_dir: Path = DEFAULT_DATA_DIR
     _warnings: list[str] = PrivateAttr(default_factory=list)
     _refusals: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="after")
+    def _docker_host_ip(self) -> Config:
+        """``[docker] host_ip`` is the host in endpoint URLs unless endpoint_host is set."""
+        if (self.runtime.type == "docker" and self.docker.host_ip
+                and "endpoint_host" not in self.server.model_fields_set):
+            self.server.endpoint_host = self.docker.host_ip
+        return self
 
     @classmethod
     def load(cls, path: Path | None = None) -> Config:
