@@ -26,9 +26,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from unittest import mock
 from datetime import timedelta
 from pathlib import Path
+from unittest import mock
 
 import httpx
 import pytest

@@ -44,6 +44,7 @@ from sandlot.runtime.base import (
     Runtime,
     RuntimeCapabilities,
     SandboxSpec,
+    StateListener,
 )
 from sandlot.runtime.docker import images
 from sandlot.runtime.docker.container import (
@@ -55,6 +56,7 @@ from sandlot.runtime.docker.container import (
     security_options,
 )
 from sandlot.runtime.docker.engine import Engine
+from sandlot.runtime.docker.events import ContainerEvents
 from sandlot.runtime.docker.network import HostPortAllocator, NetworkKind, NetworkMode
 from sandlot.runtime.execd_bundle import ensure_bundle
 from sandlot.runtime.oci.netns import NetnsConnector
@@ -67,7 +69,7 @@ _STATES = {
     "running": ContainerState.RUNNING,
     "restarting": ContainerState.RUNNING,
     "paused": ContainerState.PAUSED,
-    "removing": ContainerState.STOPPED,
+    "removing": ContainerState.MISSING,  # on its way out of the engine
     "exited": ContainerState.STOPPED,
     "dead": ContainerState.STOPPED,
 }
@@ -110,6 +112,8 @@ class DockerRuntime(Runtime):
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._connector = NetnsConnector()
         self._inits: dict[str, tuple[int, str]] = {}  # sandbox id -> (init pid, start time)
+        self._events: ContainerEvents | None = None
+        self._reports: set[asyncio.Task[None]] = set()
 
     @classmethod
     async def open(cls, cfg: Config) -> DockerRuntime:
@@ -226,6 +230,9 @@ class DockerRuntime(Runtime):
                                  reason="the container is gone from the Docker engine")
         st = attrs.get("State") or {}
         state = _STATES.get(str(st.get("Status", "")), ContainerState.STOPPED)
+        if state == ContainerState.MISSING:
+            return ContainerInfo(sandbox_id, state,
+                                 reason="the container is being removed from the Docker engine")
         if state == ContainerState.STOPPED:
             return ContainerInfo(sandbox_id, state, exit_code=st.get("ExitCode"),
                                  reason="OOMKilled" if st.get("OOMKilled") else None)
@@ -322,7 +329,41 @@ class DockerRuntime(Runtime):
     async def prewarm(self, image: ImageRef) -> None:
         """No warm pool on Docker: the engine's own start path is used every time."""
 
+    # -- containers changing behind the server's back -----------------------------------
+
+    def watch(self, changed: StateListener) -> None:
+        """Follow the engine's die/destroy events; report sandboxes that stopped or went."""
+        if self._events is not None:
+            return
+        loop = asyncio.get_running_loop()
+
+        async def report(sandbox_id: str) -> None:
+            info = await self.inspect(sandbox_id)
+            if info.state in (ContainerState.MISSING, ContainerState.STOPPED):
+                self._inits.pop(sandbox_id, None)
+                await changed(sandbox_id, info)
+
+        def spawn(sandbox_id: str) -> None:
+            task = loop.create_task(report(sandbox_id))
+            self._reports.add(task)
+            task.add_done_callback(self._reported)
+
+        def seen(sandbox_id: str) -> None:  # on the event thread
+            loop.call_soon_threadsafe(spawn, sandbox_id)
+
+        self._events = ContainerEvents(self.engine.api, self.plan.owner, seen)
+        self._events.start()
+
+    def _reported(self, task: asyncio.Task[None]) -> None:
+        self._reports.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("reporting a container change failed", exc_info=task.exception())
+
     async def close(self) -> None:
+        if self._events is not None:
+            await asyncio.to_thread(self._events.stop)
+        for task in list(self._reports):
+            task.cancel()
         self._connector.close()
         self.engine.close()
 
