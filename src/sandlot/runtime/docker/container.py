@@ -23,6 +23,8 @@ from sandlot.runtime.base import SandboxSpec
 from sandlot.runtime.docker.images import EngineImage
 from sandlot.runtime.docker.network import NetworkKind, NetworkMode
 from sandlot.runtime.execd_bundle import ExecdBundle
+from sandlot.runtime.oci.claimops import WARM_CPU_SHARES
+from sandlot.runtime.oci.pool import is_pool_id
 from sandlot.runtime.oci.spec import EXECD_OOM_SCORE_ADJ, can_lower_oom_score_adj
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,9 @@ log = logging.getLogger(__name__)
 LABEL_SANDBOX = "io.sandlot.sandbox-id"
 LABEL_OWNER = "io.sandlot.owner"  # which sandlot (data dir) a container belongs to
 LABEL_EXECD_PORT = "io.sandlot.execd-port"  # host-network sandboxes only
+LABEL_POOL = "io.sandlot.warm"  # made as a warm container (it may be claimed since)
+# A container's name is its identity: ``sandlot-<sandbox id>``, or ``sandlot-_pool-<hex>`` for
+# a warm container, renamed to its sandbox's name when claimed.
 NAME_PREFIX = "sandlot-"
 RUN_DIR = "/run/sandlot"
 ENTRYPOINT_LOG = f"{RUN_DIR}/entrypoint.log"
@@ -40,6 +45,19 @@ LOG_CONFIG = {"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}
 
 def container_name(sandbox_id: str) -> str:
     return NAME_PREFIX + sandbox_id
+
+
+def hostname(sandbox_id: str) -> str:
+    """A sandbox's hostname; a warm container's (its pool id) without the underscore."""
+    return sandbox_id.lstrip("_")[:63]
+
+
+def sandbox_of(name: str) -> str | None:
+    """The sandbox id a container name stands for (None: not a sandbox's name)."""
+    name = name.lstrip("/")
+    if not name.startswith(NAME_PREFIX) or is_pool_id(name[len(NAME_PREFIX):]):
+        return None
+    return name[len(NAME_PREFIX):]
 
 
 def security_options(cfg: DockerConfig) -> list[str]:
@@ -91,9 +109,13 @@ class Plan:
             return None
         return min(self.cfg.pids_limit, spec.pids_limit)
 
-    def execd_argv(self, spec: SandboxSpec, image: EngineImage, listen: str) -> list[str]:
+    def execd_argv(
+        self, spec: SandboxSpec, image: EngineImage, listen: str, pooled: bool = False
+    ) -> list[str]:
         argv = [*self.bundle.python_argv(), "-m", "sandlot.execd", "--listen", listen,
                 "--workdir", image.working_dir or WORKSPACE, "--entrypoint-log", ENTRYPOINT_LOG]
+        if pooled:  # serves the claim once; the entrypoint comes with it
+            argv.append("--pooled")
         if spec.entrypoint:
             argv += ["--", *spec.entrypoint]
         return argv
@@ -109,10 +131,17 @@ class Plan:
         return env
 
     def create_kwargs(
-        self, api: Any, spec: SandboxSpec, image: EngineImage, host_port: int | None
+        self, api: Any, spec: SandboxSpec, image: EngineImage, host_port: int | None,
+        pooled: bool = False,
     ) -> dict[str, Any]:
-        """Arguments of docker-py's ``APIClient.create_container`` for ``spec``."""
+        """Arguments of docker-py's ``APIClient.create_container`` for ``spec``.
+
+        ``pooled``: a warm container (``spec`` has its pool id, no limits, no entrypoint),
+        started at a low CPU weight so that it yields to sandboxes in use.
+        """
         labels = {LABEL_SANDBOX: spec.sandbox_id, LABEL_OWNER: self.owner}
+        if pooled:
+            labels = {LABEL_POOL: spec.sandbox_id, LABEL_OWNER: self.owner}
         if self.network.kind == NetworkKind.HOST:
             if host_port is None:
                 raise RuntimeFailure("a host-network sandbox needs a host port for execd")
@@ -138,10 +167,12 @@ class Plan:
                 host["memswap_limit"] = spec.memory_bytes  # no escape into swap
         if spec.cpu_cores is not None:
             host["nano_cpus"] = max(NANO // 100, int(spec.cpu_cores * NANO))
+        if pooled:
+            host["cpu_shares"] = WARM_CPU_SHARES
         kwargs: dict[str, Any] = {
             "image": image.id,
             "name": container_name(spec.sandbox_id),
-            "entrypoint": self.execd_argv(spec, image, listen),
+            "entrypoint": self.execd_argv(spec, image, listen, pooled),
             "command": [],
             "user": "0:0",
             "working_dir": image.working_dir or WORKSPACE,
@@ -152,7 +183,7 @@ class Plan:
             "tty": False,
         }
         if self.network.own_namespace:
-            kwargs["hostname"] = spec.sandbox_id[:63]
+            kwargs["hostname"] = hostname(spec.sandbox_id)
         return kwargs
 
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sandlot.runtime.docker.container import LABEL_OWNER, LABEL_SANDBOX
+from sandlot.runtime.docker.container import LABEL_OWNER, sandbox_of
 
 log = logging.getLogger(__name__)
 RECONNECT_DELAY = 1.0
@@ -43,9 +43,9 @@ class ContainerEvents:
                 self._stream = self.api.events(decode=True, filters=filters)
                 for event in self._stream:
                     attributes = (event.get("Actor") or {}).get("Attributes") or {}
-                    sandbox_id = attributes.get(LABEL_SANDBOX)
-                    if sandbox_id:
-                        self.seen(str(sandbox_id))
+                    sandbox_id = sandbox_of(str(attributes.get("name") or ""))
+                    if sandbox_id:  # not a warm container's
+                        self.seen(sandbox_id)
             except Exception:  # noqa: BLE001 - the engine went away: try again shortly
                 if self._stopped.is_set():
                     return

@@ -26,13 +26,15 @@ class EngineImage:
     working_dir: str | None
     os: str
     arch: str
+    env: tuple[str, ...] = ()  # "KEY=value", as the engine adds them to every container
 
     @classmethod
     def of(cls, attrs: dict[str, Any]) -> EngineImage:
         config = attrs.get("Config") or {}
         return cls(id=str(attrs["Id"]), working_dir=config.get("WorkingDir") or None,
                    os=str(attrs.get("Os") or "linux"),
-                   arch=str(attrs.get("Architecture") or ""))
+                   arch=str(attrs.get("Architecture") or ""),
+                   env=tuple(config.get("Env") or ()))
 
 
 def _auth_config(ref: ImageRef) -> dict[str, str] | None:
@@ -61,6 +63,14 @@ def _check_platform(ref: ImageRef, image: EngineImage) -> None:
         raise InvalidRequest(
             f"image {ref.reference} is {image.os}/{image.arch}, not the requested {ref.platform}"
         )
+
+
+async def lookup(engine: Engine, reference: str) -> EngineImage | None:
+    """The engine's image ``reference`` if it has it (never pulls)."""
+    try:
+        return EngineImage.of(await engine.call(engine.api.inspect_image, reference))
+    except DockerImageNotFound:
+        return None
 
 
 async def resolve(engine: Engine, ref: ImageRef, progress: Progress | None) -> EngineImage:

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 import platform
+import secrets
 import socket
 import uuid
 from collections import defaultdict
@@ -35,6 +38,8 @@ from sandlot.errors import (
     SandlotError,
     Unsupported,
 )
+from sandlot.images.model import Image
+from sandlot.runtime import execd_client
 from sandlot.runtime.base import (
     ContainerInfo,
     ContainerState,
@@ -46,19 +51,21 @@ from sandlot.runtime.base import (
     SandboxSpec,
     StateListener,
 )
-from sandlot.runtime.docker import images
+from sandlot.runtime.docker import images, warm
 from sandlot.runtime.docker.container import (
     LABEL_EXECD_PORT,
     LABEL_OWNER,
-    LABEL_SANDBOX,
+    NAME_PREFIX,
     Plan,
     container_name,
+    sandbox_of,
     security_options,
 )
 from sandlot.runtime.docker.engine import Engine
 from sandlot.runtime.docker.events import ContainerEvents
 from sandlot.runtime.docker.network import HostPortAllocator, NetworkKind, NetworkMode
 from sandlot.runtime.execd_bundle import ensure_bundle
+from sandlot.runtime.oci import pool
 from sandlot.runtime.oci.netns import NetnsConnector
 
 log = logging.getLogger(__name__)
@@ -101,10 +108,18 @@ class DockerRuntime(Runtime):
 
     name = "docker"
 
-    def __init__(self, engine: Engine, plan: Plan, ports: HostPortAllocator) -> None:
+    def __init__(
+        self, engine: Engine, plan: Plan, ports: HostPortAllocator, data_dir: Path,
+        warm_pool_size: int = 0, warm_pool_images: list[str] | None = None,
+    ) -> None:
         self.engine = engine
         self.plan = plan
         self.ports = ports
+        self.data_dir = data_dir
+        self.pool = pool.WarmPool(warm_pool_size, list(warm_pool_images or []),
+                                  self._make_warm, self._remove)
+        self._made_warm: set[str] = set()  # warm containers this instance started
+        self._pool_lock_fd: int | None = None
         info_arch = _ARCHES.get(platform.machine(), platform.machine())
         self.capabilities = RuntimeCapabilities(
             pause=True, isolation="docker", platforms=frozenset({f"linux/{info_arch}"}),
@@ -135,8 +150,11 @@ class DockerRuntime(Runtime):
             plan = Plan(bundle=bundle, cfg=dcfg, network=network,
                         owner=_owner_id(cfg.data_dir), execd_port=cfg.execd.port,
                         security_opt=security_opt, swap_limit=bool(info.get("SwapLimit")))
-            rt = cls(engine, plan, ports)
+            rt = cls(engine, plan, ports, cfg.data_dir, cfg.runtime.warm_pool_size,
+                     cfg.runtime.warm_pool_images)
             await rt._adopt_host_ports()
+            if rt._own_pool():
+                await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
         except BaseException:
             engine.close()
             raise
@@ -152,25 +170,33 @@ class DockerRuntime(Runtime):
             if await self._attrs(spec.sandbox_id) is not None:
                 raise Conflict(f"sandbox {spec.sandbox_id} already exists")
             image = await images.resolve(self.engine, spec.image, progress)
-            host_port = self.ports.allocate() if self.plan.network.kind == NetworkKind.HOST \
-                else None
-            try:
-                kwargs = self.plan.create_kwargs(self.engine.api, spec, image, host_port)
-                created = await self.engine.call(self.engine.api.create_container, **kwargs)
-                await self.engine.call(self.engine.api.start, created["Id"])
-            except BaseException as exc:
-                with contextlib.suppress(Exception):
-                    await self._remove(spec.sandbox_id)
-                self.ports.release(host_port)
-                if isinstance(exc, SandlotError):
-                    raise
-                if isinstance(exc, DockerException):
-                    raise RuntimeFailure(
-                        f"the Docker engine cannot start sandbox {spec.sandbox_id}: "
-                        f"{_explain(exc)}"
-                    ) from exc
-                raise
+            taken = self.pool.take(_pool_key(spec.image.reference, image))
+            if taken is not None and await self._claim(spec, image, taken):
+                return CreateResult(execd_ready=True)  # its execd has just answered the claim
+            await self._start(spec, image)
         return CreateResult(execd_ready=False)
+
+    async def _start(self, spec: SandboxSpec, image: images.EngineImage,
+                     pooled: bool = False) -> None:
+        """Create and start ``spec``'s container; on any failure nothing of it is left."""
+        host_port = self.ports.allocate() if self.plan.network.kind == NetworkKind.HOST \
+            else None
+        try:
+            kwargs = self.plan.create_kwargs(self.engine.api, spec, image, host_port, pooled)
+            created = await self.engine.call(self.engine.api.create_container, **kwargs)
+            await self.engine.call(self.engine.api.start, created["Id"])
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await self._remove(spec.sandbox_id)
+            self.ports.release(host_port)
+            if isinstance(exc, SandlotError):
+                raise
+            if isinstance(exc, DockerException):
+                raise RuntimeFailure(
+                    f"the Docker engine cannot start sandbox {spec.sandbox_id}: "
+                    f"{_explain(exc)}"
+                ) from exc
+            raise
 
     # -- delete -------------------------------------------------------------------------
 
@@ -218,12 +244,15 @@ class DockerRuntime(Runtime):
             raise RuntimeFailure(f"the Docker engine cannot inspect {sandbox_id}: "
                                  f"{_explain(exc)}") from exc
         labels = (attrs.get("Config") or {}).get("Labels") or {}
-        if labels.get(LABEL_OWNER) != self.plan.owner or labels.get(LABEL_SANDBOX) != sandbox_id:
-            return None  # same name, but not this sandlot's sandbox
+        if labels.get(LABEL_OWNER) != self.plan.owner:
+            return None  # same name, but not this sandlot's container
         return attrs
 
     async def inspect(self, sandbox_id: str) -> ContainerInfo:
         _check_id(sandbox_id)
+        return await self._inspect(sandbox_id)
+
+    async def _inspect(self, sandbox_id: str) -> ContainerInfo:
         attrs = await self._attrs(sandbox_id)
         if attrs is None:
             return ContainerInfo(sandbox_id, ContainerState.MISSING,
@@ -264,11 +293,19 @@ class DockerRuntime(Runtime):
 
     async def list_ids(self) -> set[str]:
         """This sandlot's sandboxes in the engine, found by their labels."""
+        ids: set[str] = set()
+        for name in await self._container_names():
+            sandbox_id = sandbox_of(name)
+            if sandbox_id is not None:
+                ids.add(sandbox_id)
+        return ids
+
+    async def _container_names(self) -> list[str]:
+        """Names (without the leading "/") of every container of this sandlot."""
         found = await self.engine.call(
             self.engine.api.containers, all=True,
             filters={"label": [f"{LABEL_OWNER}={self.plan.owner}"]})
-        return {str(c["Labels"][LABEL_SANDBOX]) for c in found
-                if (c.get("Labels") or {}).get(LABEL_SANDBOX)}
+        return [n.lstrip("/") for c in found for n in (c.get("Names") or [])[:1]]
 
     async def _adopt_host_ports(self) -> None:
         """Ports execd of host-network sandboxes from before a restart still listen on."""
@@ -286,10 +323,16 @@ class DockerRuntime(Runtime):
         _check_id(sandbox_id)
         if not 0 < port < 65536:
             raise InvalidRequest(f"port {port} is out of range (1-65535)")
+        return await self._connect(sandbox_id, port)
+
+    async def _connect(self, key: str, port: int) -> socket.socket:
         if self.plan.network.kind == NetworkKind.HOST:
-            return await self._connect_host(sandbox_id, port)
-        pid = await self._init_pid(sandbox_id)
+            return await self._connect_host(key, port)
+        pid = await self._init_pid(key)
         return await self._connector.connect(Path(f"/proc/{pid}/ns/net"), port)
+
+    def _execd_connect(self, key: str) -> execd_client.Connect:
+        return lambda: self._connect(key, self.plan.execd_port)
 
     async def _connect_host(self, sandbox_id: str, port: int) -> socket.socket:
         if port == self.plan.execd_port:
@@ -315,7 +358,7 @@ class DockerRuntime(Runtime):
         known = self._inits.get(sandbox_id)
         if known is not None and _start_time(known[0]) == known[1]:
             return known[0]
-        info = await self.inspect(sandbox_id)
+        info = await self._inspect(sandbox_id)
         if info.state == ContainerState.MISSING:
             raise NotFound(f"sandbox {sandbox_id} not found")
         if info.pid is None:
@@ -326,8 +369,105 @@ class DockerRuntime(Runtime):
         self._inits[sandbox_id] = (info.pid, started)
         return info.pid
 
+    # -- warm pool ----------------------------------------------------------------------
+
     async def prewarm(self, image: ImageRef) -> None:
-        """No warm pool on Docker: the engine's own start path is used every time."""
+        """Keep warm containers of ``image`` if it is a pooled image the engine has.
+
+        Returns at once; the pool fills in the background. Pooled images are not pulled for
+        the pool (a create of them pulls, with its own credentials, and prewarms after).
+        """
+        if not self.pool.wants(Image(name=image.reference, id="", lower_dirs=[])):
+            return
+        found = await images.lookup(self.engine, image.reference)
+        if found is None:
+            log.info("warm pool: the Docker engine has no image %s (yet); not pooled",
+                     image.reference)
+            return
+        self.pool.prewarm(_pool_key(image.reference, found))
+
+    def _own_pool(self) -> bool:
+        """Take the data dir's pool lock; False when another live runtime (a server) has it.
+
+        Only its holder keeps a warm pool and removes stale warm containers, so a second
+        process opening the same data dir (tools, tests) never removes the server's.
+        """
+        lock_path = self.data_dir / "docker-pool.lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            self.pool.size = 0
+            return False
+        self._pool_lock_fd = fd
+        return True
+
+    async def _sweep_pool(self, only: set[str] | None = None) -> None:
+        """Remove unclaimed warm containers (left by a crash or a kill -9)."""
+        for name in await self._container_names():
+            key = name[len(NAME_PREFIX):]
+            if pool.is_pool_id(key) and (only is None or key in only):
+                try:
+                    await self._remove(key)
+                except Exception:  # noqa: BLE001 - the next start tries again
+                    log.warning("cannot remove stale warm container %s", name, exc_info=True)
+
+    async def _make_warm(self, image: Image) -> pool.Warm:
+        key = pool.new_pool_id()
+        self._made_warm.add(key)
+        token = secrets.token_urlsafe(24)
+        spec = SandboxSpec(sandbox_id=key, image=ImageRef(image.name), entrypoint=[],
+                           execd_token=token)
+        found = await images.lookup(self.engine, image.id)
+        if found is None:
+            raise RuntimeFailure(f"image {image.name} is gone from the Docker engine")
+        try:
+            await self._start(spec, found, pooled=True)
+            await execd_client.wait_ready(self._execd_connect(key), None, pool.READY_TIMEOUT)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._remove(key)
+            raise
+        return pool.Warm(key, token, image.id)
+
+    async def _claim(self, spec: SandboxSpec, image: images.EngineImage, taken: pool.Warm) -> bool:
+        """Give warm container ``taken`` to ``spec``; False (and it is removed) on failure.
+
+        The rename comes first: from then on the container is the sandbox's (a crash leaves
+        a sandbox the restart reconciles), and every lookup by name finds it.
+        """
+        key = taken.container_id
+        try:
+            await self.engine.call(self.engine.api.rename, container_name(key),
+                                   container_name(spec.sandbox_id))
+        except DockerException:
+            log.warning("claiming warm container %s failed", key, exc_info=True)
+            with contextlib.suppress(Exception):
+                await self._remove(key)
+            return False
+        self._inits.pop(key, None)
+        try:
+            attrs = await self._attrs(spec.sandbox_id)
+            if attrs is None:
+                raise RuntimeFailure(f"warm container {key} vanished while claimed")
+            await self.engine.call(self.engine.api.update_container, attrs["Id"],
+                                   **warm.limits(spec, self.plan.swap_limit))
+            await asyncio.to_thread(warm.set_identity, attrs, spec.sandbox_id)
+            await execd_client.claim(self._execd_connect(spec.sandbox_id), taken.token,
+                                     env=warm.claim_env(spec, image, self.plan),
+                                     token=spec.execd_token, entrypoint=list(spec.entrypoint))
+        except Exception:  # noqa: BLE001 - fall back to a cold create
+            log.warning("claiming warm container %s for %s failed", key, spec.sandbox_id,
+                        exc_info=True)
+            with contextlib.suppress(Exception):
+                await self._remove(spec.sandbox_id)
+            return False
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._remove(spec.sandbox_id)
+            raise
+        return True
 
     # -- containers changing behind the server's back -----------------------------------
 
@@ -360,6 +500,15 @@ class DockerRuntime(Runtime):
             log.warning("reporting a container change failed", exc_info=task.exception())
 
     async def close(self) -> None:
+        """Stop refilling and remove the unclaimed warm containers (a start makes new ones)."""
+        for key in await self.pool.stop():
+            with contextlib.suppress(Exception):
+                await self._remove(key)
+        with contextlib.suppress(Exception):
+            await self._sweep_pool(only=set(self._made_warm))
+        if self._pool_lock_fd is not None:
+            os.close(self._pool_lock_fd)
+            self._pool_lock_fd = None
         if self._events is not None:
             await asyncio.to_thread(self._events.stop)
         for task in list(self._reports):
@@ -376,6 +525,11 @@ async def _require_network(engine: Engine, name: str) -> None:
             f"[docker] network_mode {name!r}: the Docker engine has no such network; create "
             f"it first (docker network create {name})"
         ) from exc
+
+
+def _pool_key(reference: str, image: images.EngineImage) -> Image:
+    """What the warm pool knows an image by: the name asked for and the engine's id."""
+    return Image(name=reference, id=image.id, lower_dirs=[])
 
 
 def _host_port(attrs: dict[str, Any]) -> int | None:
