@@ -37,6 +37,7 @@ from opensandbox.config import ConnectionConfig
 from sandlot.config import Config
 from sandlot.images.model import Image
 from sandlot.images.store import ImageStore
+from sandlot.runtime.base import Runtime
 from sandlot.runtime.registry import runtime_class
 from tests.conftest import free_port
 from tests.docker_engine import PrivateDockerd
@@ -186,17 +187,20 @@ class SandlotServer:
     def runtime_ids(self) -> set[str]:
         return _in_thread(self._runtime_ids())
 
-    async def _runtime_ids(self) -> set[str]:
+    async def open_runtime(self) -> Runtime:
+        """This server's backend, opened on its data dir from the test process."""
         with mock.patch.dict(os.environ, self._engine_env()):
-            rt = await runtime_class(self.backend).open(self.runtime_config())
+            return await runtime_class(self.backend).open(self.runtime_config())
+
+    async def _runtime_ids(self) -> set[str]:
+        rt = await self.open_runtime()
         try:
             return await rt.list_ids()
         finally:
             await rt.close()
 
     async def _purge_runtime(self) -> None:
-        with mock.patch.dict(os.environ, self._engine_env()):
-            rt = await runtime_class(self.backend).open(self.runtime_config())
+        rt = await self.open_runtime()
         try:
             for sid in await rt.list_ids():
                 await rt.delete(sid)
