@@ -169,6 +169,8 @@ class PrivateDockerd:
         image_id = str(api.inspect_image(tags[0])["Id"])
         for tag in tags[1:]:
             self.client.images.get(image_id).tag(tag)
+        # an earlier import these tags pointed at is kept in the data root no longer
+        self.client.images.prune(filters={"dangling": True})
         return image_id
 
     def create_network(self, name: str) -> None:
