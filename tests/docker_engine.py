@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import docker
+import psutil
 import pytest
 from docker.errors import DockerException, ImageNotFound
 
@@ -93,7 +94,9 @@ class PrivateDockerd:
             os.close(fd)
             return self.workdir / "root"  # another session runs one: a throw-away root
         self._lock_fd = fd
-        return PERSISTENT_ROOT / "root"
+        root = PERSISTENT_ROOT / "root"
+        _stop_orphans(root)
+        return root
 
     def start(self, timeout: float = 90) -> None:
         gateway = next(self.bridge_net.hosts())
@@ -196,6 +199,22 @@ class PrivateDockerd:
         shutil.rmtree(self.workdir, ignore_errors=True)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
+
+
+def _stop_orphans(data_root: Path) -> None:
+    """A dockerd a crashed session left running on the kept data root (we hold its lock now,
+    so it is nobody's): stopped before another daemon opens that root."""
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            cmd = proc.info["cmdline"] or []
+            if proc.info["name"] == "dockerd" and str(data_root) in cmd:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except psutil.TimeoutExpired:
+                    proc.kill()
+        except psutil.Error:
+            continue
 
 
 def _unmount_under(root: Path) -> None:
