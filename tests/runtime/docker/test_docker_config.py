@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, Field
 
 from sandlot.config import DEFAULT_DROPPED_CAPABILITIES, Config, DockerConfig
 from sandlot.errors import RuntimeFailure
@@ -101,3 +102,38 @@ async def test_unreachable_engine_is_refused(
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/nothing.sock")
     with pytest.raises(RuntimeFailure, match="Docker engine is not reachable"):
         await open_docker_runtime(docker_data_dir)
+
+
+class _SecureRuntime(BaseModel):
+    type: str = ""
+    docker_runtime: str | None = None
+
+
+class _SecureConfig(Config):
+    """Config with upstream's ``[secure_runtime]`` (its model comes with the gVisor work)."""
+
+    secure_runtime: _SecureRuntime = Field(default_factory=_SecureRuntime)
+
+
+async def test_secure_runtime_the_engine_lacks_is_refused(
+    docker_host: str, docker_data_dir: Path, docker_base_image: str,
+    private_dockerd: PrivateDockerd,
+) -> None:
+    base = {"data_dir": str(docker_data_dir), "docker": {"network_mode": "none"}}
+    with pytest.raises(RuntimeFailure, match="no such runtime.*runc"):
+        await DockerRuntime.open(_SecureConfig.model_validate(
+            {**base, "secure_runtime": {"type": "gvisor", "docker_runtime": "no-such"}}))
+    with pytest.raises(RuntimeFailure, match="needs docker_runtime"):
+        await DockerRuntime.open(_SecureConfig.model_validate(
+            {**base, "secure_runtime": {"type": "gvisor"}}))
+    rt = await DockerRuntime.open(_SecureConfig.model_validate(
+        {**base, "secure_runtime": {"type": "gvisor", "docker_runtime": "runc"}}))
+    try:
+        assert rt.plan.engine_runtime == "runc" and rt.capabilities.isolation == "docker/runc"
+        await rt.create(dspec("dk-engine-rt", docker_base_image))
+        await wait_ready(rt, "dk-engine-rt")
+        assert private_dockerd.client is not None
+        attrs = private_dockerd.client.api.inspect_container("sandlot-dk-engine-rt")
+        assert attrs["HostConfig"]["Runtime"] == "runc"  # asked for by name, not defaulted
+    finally:
+        await closing(rt, private_dockerd)

@@ -102,6 +102,7 @@ class Plan:
     execd_port: int  # inside the sandbox's own network namespace
     security_opt: list[str]
     swap_limit: bool  # the engine can limit memory+swap
+    engine_runtime: str | None = None  # an OCI runtime registered in the engine (e.g. runsc)
 
     def pids_limit(self, spec: SandboxSpec) -> int | None:
         """``[docker] pids_limit`` (null: no limit), never above the spec's."""
@@ -159,6 +160,8 @@ class Plan:
             "log_config": LOG_CONFIG,
             "restart_policy": {"Name": "no"},
         }
+        if self.engine_runtime:
+            host["runtime"] = self.engine_runtime
         if can_lower_oom_score_adj():  # as in the OCI backend: needs CAP_SYS_RESOURCE
             host["oom_score_adj"] = EXECD_OOM_SCORE_ADJ
         if spec.memory_bytes is not None:
