@@ -136,12 +136,16 @@ class PrivateDockerd:
         return log.read_text(errors="replace")[-n:] if log.exists() else ""
 
     def _remove_leftovers(self) -> None:
-        """Containers and networks an earlier, crashed session left in the kept data root."""
+        """Containers, networks and pulled test images left in the kept data root."""
         assert self.client is not None
         for c in self.client.containers.list(all=True):
             with contextlib.suppress(DockerException):
                 c.remove(force=True, v=True)
         self.client.networks.prune()
+        for image in self.client.images.list():  # pulled from the tests' loopback registries
+            if any(tag.startswith("127.0.0.1:") for tag in image.tags):
+                with contextlib.suppress(DockerException):
+                    self.client.images.remove(image.id, force=True)
 
     def import_image(self, image: Image, *tags: str) -> str:
         """``docker import`` of a one-layer store image's rootfs as ``tags``; its id."""
