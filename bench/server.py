@@ -87,6 +87,9 @@ class SandlotServer:
     # The bench server runs in the machine's own namespace: no veths, nft or forwarding
     # there. The network benchmark runs its servers in namespaces it makes, with its own.
     network_toml: str = '[network]\nmode = "none"\n'
+    # "[runtime] type" and any more config (e.g. a [docker] section) for other backends.
+    runtime_type: str = "oci"
+    extra_config: str = ""
 
     @property
     def data_dir(self) -> Path:
@@ -123,8 +126,9 @@ class SandlotServer:
         config = self.root / "config.toml"
         config.write_text(
             f'data_dir = "{self.data_dir}"\n\n[server]\nhost = "{self.host}"\nport = {self.port}\n'
-            f'api_key = "{self.api_key}"\n\n[runtime]\ntype = "oci"\n'
-            f"warm_pool_size = {self.warm_pool_size}\n\n{self.network_toml}"
+            f'api_key = "{self.api_key}"\n\n[runtime]\ntype = "{self.runtime_type}"\n'
+            f"warm_pool_size = {self.warm_pool_size}\n" + self.extra_config
+            + f"\n{self.network_toml}"
         )
         env = {**os.environ, **self.extra_env}
         env.pop("OPENSANDBOX_SERVER_API_KEY", None)

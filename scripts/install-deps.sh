@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 APT_PACKAGES=(runc skopeo umoci debootstrap docker-registry nftables iproute2 procps psmisc
               ca-certificates util-linux tmux zstd postgresql)
-if [ "${SANDLOT_WITH_DOCKER:-0}" = 1 ]; then APT_PACKAGES+=(docker.io); fi
+# docker.io: the docker runtime's tests and the bench start a private dockerd of their own.
+# SANDLOT_WITH_DOCKER=0 leaves it out.
+if [ "${SANDLOT_WITH_DOCKER:-1}" = 1 ]; then APT_PACKAGES+=(docker.io); fi
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -17,8 +19,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "need root to apt-get install: ${missing[*]}" >&2; exit 1; fi
   echo "apt-get install ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  apt-get -o DPkg::Lock::Timeout=600 update -qq
+  # No package's service is started by the install (e.g. docker.io's system dockerd would
+  # create docker0 on a private range): tests start the daemons they need themselves.
+  policy=/usr/sbin/policy-rc.d
+  own_policy=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && own_policy=1
+  fi
+  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" \
+    >/dev/null || { [ $own_policy = 1 ] && rm -f "$policy"; exit 1; }
+  if [ $own_policy = 1 ]; then rm -f "$policy"; fi
 fi
 
 PYTHON=${PYTHON:-python3}

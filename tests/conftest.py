@@ -5,6 +5,9 @@
   debootstrap runs once per machine, not once per run.
 - ``base_image``: the ``base`` recipe's image (built into ``image_store`` when missing or
   when the recipe changed).
+- ``private_dockerd`` / ``docker_base_image``: a dockerd of the session's own (see
+  ``tests/docker_engine.py``) and the ``base`` image imported into it (as
+  ``sandlot-test/base:latest`` and ``python:3.12``); nothing is pulled from a registry.
 - ``registry`` / ``auth_registry``: a Debian ``docker-registry`` on 127.0.0.1 with a free
   port and temp storage (the second with htpasswd auth); stopped and deleted afterwards.
   ``registry.push_layout(layout, "name:tag")`` and ``registry.push_rootfs(dir, "name:tag")``
@@ -31,6 +34,7 @@ import pytest
 
 from sandlot.images.model import Image, RegistryAuth
 from sandlot.images.store import ImageStore
+from tests.docker_engine import PrivateDockerd, running_dockerd
 
 # Servers and runtimes of the tests run in the machine's own network namespace, where they
 # must not create veths, nft tables or forwarding: loopback-only sandboxes unless a test says
@@ -50,6 +54,22 @@ def image_store() -> ImageStore:
 @pytest.fixture(scope="session")
 def base_image(image_store: ImageStore) -> Image:
     return asyncio.run(image_store.build("base", if_missing=True))
+
+
+DOCKER_BASE_TAGS = ("sandlot-test/base:latest", "python:3.12")
+
+
+@pytest.fixture(scope="session")
+def private_dockerd() -> Iterator[PrivateDockerd]:
+    with running_dockerd() as engine:
+        yield engine
+
+
+@pytest.fixture(scope="session")
+def docker_base_image(private_dockerd: PrivateDockerd, base_image: Image) -> str:
+    """The ``base`` image in the private dockerd; returns its first tag."""
+    private_dockerd.import_image(base_image, *DOCKER_BASE_TAGS)
+    return DOCKER_BASE_TAGS[0]
 
 
 def free_port() -> int:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from bench.benchmarks import code, commands, create, density, files, network, proxy
+from bench.benchmarks import (
+    code,
+    commands,
+    create,
+    density,
+    docker_backend,
+    files,
+    network,
+    proxy,
+)
 from bench.env import BenchEnv
 from bench.results import Row
 
@@ -17,6 +26,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "code": code.run,
     "proxy": proxy.run,
     "network": network.run,
+    "docker": docker_backend.run,
     "density": density.run,
 }
 
@@ -28,5 +38,6 @@ EXPECTED_KEYS: dict[str, tuple[str, ...]] = {
     "code": code.KEYS,
     "proxy": proxy.KEYS,
     "network": network.KEYS,
+    "docker": docker_backend.KEYS,
     "density": density.KEYS,
 }

@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from sandlot.config_audit import audit
 
@@ -90,6 +90,34 @@ class EgressConfig(_Section):
     # image is warned about; IPv6 is always off inside sandboxes, so false is refused).
 
 
+# The reference server's default: what its sandboxes may not do.
+DEFAULT_DROPPED_CAPABILITIES = [
+    "AUDIT_WRITE", "MKNOD", "NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_MODULE", "SYS_PTRACE",
+    "SYS_TIME", "SYS_TTY_CONFIG",
+]
+
+
+class DockerConfig(_Section):
+    """``[docker]``: the reference server's keys for ``[runtime] type = "docker"``.
+
+    The engine is found as docker-py (and the reference server) find it: ``DOCKER_HOST``,
+    else the local socket. See docs/configuration.md for each key.
+    """
+
+    network_mode: str = "host"  # host | bridge | none | a user-defined network's name
+    host_ip: str | None = None  # host put into endpoint URLs (as [server] endpoint_host)
+    port_range_min: int = Field(default=40000, ge=1, le=65535)
+    port_range_max: int = Field(default=60000, ge=1, le=65535)
+    api_timeout: int | None = Field(default=None, ge=1)
+    no_new_privileges: bool = True
+    pids_limit: int | None = Field(default=4096, ge=1)
+    drop_capabilities: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_DROPPED_CAPABILITIES)
+    )
+    seccomp_profile: str | None = None  # empty/unset: the engine's default profile
+    apparmor_profile: str | None = None  # empty/unset: the engine's default
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
@@ -98,9 +126,18 @@ class Config(_Section):
     execd: ExecdConfig = Field(default_factory=ExecdConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     egress: EgressConfig = Field(default_factory=EgressConfig)
+    docker: DockerConfig = Field(default_factory=DockerConfig)
     data_dir: Path = DEFAULT_DATA_DIR
     _warnings: list[str] = PrivateAttr(default_factory=list)
     _refusals: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="after")
+    def _docker_host_ip(self) -> Config:
+        """``[docker] host_ip`` is the host in endpoint URLs unless endpoint_host is set."""
+        if (self.runtime.type == "docker" and self.docker.host_ip
+                and "endpoint_host" not in self.server.model_fields_set):
+            self.server.endpoint_host = self.docker.host_ip
+        return self
 
     @classmethod
     def load(cls, path: Path | None = None) -> Config:

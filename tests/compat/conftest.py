@@ -1,6 +1,11 @@
 """A real ``sandlot serve`` subprocess (real OciRuntime, real image store) for the released
 OpenSandbox clients to drive.
 
+The backend is ``oci`` unless a module asks for more with ``pytestmark =
+pytest.mark.backends("oci", "docker")``: its tests then run once per backend (a module-scoped
+``compat_backend`` parameter). ``docker`` servers drive the session's private dockerd
+(``private_dockerd``, with ``base`` imported as ``python:3.12``).
+
 Each server gets its own short data dir (unix socket paths must stay below 108 bytes) whose
 ``images`` is the shared test image cache (``image_store``, with ``base`` tagged as
 ``python:3.12``) and whose ``execd-bundle`` is a cache shared by all compat servers, so
@@ -23,14 +28,19 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from unittest import mock
 
 import httpx
 import pytest
 from opensandbox.config import ConnectionConfig
 
 from sandlot.config import Config
+from sandlot.images.model import Image
 from sandlot.images.store import ImageStore
+from sandlot.runtime.base import Runtime
+from sandlot.runtime.registry import runtime_class
 from tests.conftest import free_port
+from tests.docker_engine import PrivateDockerd
 
 COMPAT_IMAGE = "python:3.12"
 BUNDLE_CACHE = Path(os.environ.get("SANDLOT_TEST_BUNDLE", "/var/tmp/sandlot-test/execd-bundle"))
@@ -44,7 +54,16 @@ def needs_root() -> None:
 class SandlotServer:
     """One ``sandlot serve`` process; ``start``/``kill9``/``stop`` may be repeated."""
 
-    def __init__(self, image_root: Path, *, max_timeout: int = 3600):
+    def __init__(
+        self,
+        image_root: Path,
+        *,
+        max_timeout: int = 3600,
+        backend: str = "oci",
+        docker: PrivateDockerd | None = None,
+    ):
+        self.backend = backend
+        self.docker = docker
         self.data_dir = Path(tempfile.mkdtemp(prefix="slc-", dir="/tmp"))
         (self.data_dir / "images").symlink_to(image_root)
         BUNDLE_CACHE.mkdir(parents=True, exist_ok=True)
@@ -59,9 +78,29 @@ class SandlotServer:
             f"port = {self.port}\n"
             f'api_key = "{self.api_key}"\n'
             f"max_sandbox_timeout_seconds = {max_timeout}\n"
+            + self._backend_config()
         )
         self.log = self.data_dir / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def _backend_config(self) -> str:
+        if self.backend == "docker":
+            return '[runtime]\ntype = "docker"\n[docker]\nnetwork_mode = "bridge"\n'
+        return ""
+
+    def runtime_config(self) -> Config:
+        return Config.model_validate({"data_dir": str(self.data_dir),
+                                      "runtime": {"type": self.backend},
+                                      "docker": {"network_mode": "bridge"}})
+
+    def _engine_env(self) -> dict[str, str]:
+        return {"DOCKER_HOST": self.docker.host} if self.docker is not None else {}
+
+    def provide_image(self, image: Image, name: str) -> None:
+        """Make the store's ``image`` available as ``name`` to this server's backend."""
+        if self.docker is not None:
+            self.docker.import_image(image, name if ":" in name.rsplit("/", 1)[-1]
+                                     else f"{name}:latest")
 
     @property
     def domain(self) -> str:
@@ -101,7 +140,8 @@ class SandlotServer:
             [sys.executable, "-m", "sandlot", "serve", "--config", str(self.config)],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={k: v for k, v in os.environ.items() if k != "OPENSANDBOX_SERVER_API_KEY"},
+            env={**{k: v for k, v in os.environ.items() if k != "OPENSANDBOX_SERVER_API_KEY"},
+                 **self._engine_env()},
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -147,19 +187,20 @@ class SandlotServer:
     def runtime_ids(self) -> set[str]:
         return _in_thread(self._runtime_ids())
 
-    async def _runtime_ids(self) -> set[str]:
-        from sandlot.runtime.oci import OciRuntime
+    async def open_runtime(self) -> Runtime:
+        """This server's backend, opened on its data dir from the test process."""
+        with mock.patch.dict(os.environ, self._engine_env()):
+            return await runtime_class(self.backend).open(self.runtime_config())
 
-        rt = await OciRuntime.open(Config(data_dir=self.data_dir))
+    async def _runtime_ids(self) -> set[str]:
+        rt = await self.open_runtime()
         try:
             return await rt.list_ids()
         finally:
             await rt.close()
 
     async def _purge_runtime(self) -> None:
-        from sandlot.runtime.oci import OciRuntime
-
-        rt = await OciRuntime.open(Config(data_dir=self.data_dir))
+        rt = await self.open_runtime()
         try:
             for sid in await rt.list_ids():
                 await rt.delete(sid)
@@ -189,9 +230,31 @@ def compat_image_root(image_store: ImageStore, base_image: object) -> Path:
     return image_store.root
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Modules marked ``backends(...)`` run their tests once per named backend."""
+    marker = metafunc.definition.get_closest_marker("backends")
+    if marker is not None and "compat_backend" in metafunc.fixturenames:
+        metafunc.parametrize("compat_backend", marker.args, indirect=True, scope="module")
+
+
 @pytest.fixture(scope="module")
-def sandlot_server(compat_image_root: Path) -> Iterator[SandlotServer]:
-    server = SandlotServer(compat_image_root)
+def compat_backend(request: pytest.FixtureRequest) -> str:
+    return str(getattr(request, "param", "oci"))
+
+
+def _new_server(request: pytest.FixtureRequest, image_root: Path, backend: str) -> SandlotServer:
+    docker = None
+    if backend == "docker":
+        docker = request.getfixturevalue("private_dockerd")
+        request.getfixturevalue("docker_base_image")  # python:3.12 in the engine
+    return SandlotServer(image_root, backend=backend, docker=docker)
+
+
+@pytest.fixture(scope="module")
+def sandlot_server(
+    request: pytest.FixtureRequest, compat_image_root: Path, compat_backend: str
+) -> Iterator[SandlotServer]:
+    server = _new_server(request, compat_image_root, compat_backend)
     server.start()
     try:
         yield server
@@ -200,9 +263,11 @@ def sandlot_server(compat_image_root: Path) -> Iterator[SandlotServer]:
 
 
 @pytest.fixture
-def fresh_server(compat_image_root: Path) -> Iterator[SandlotServer]:
+def fresh_server(
+    request: pytest.FixtureRequest, compat_image_root: Path, compat_backend: str
+) -> Iterator[SandlotServer]:
     """A server of the test's own (for restart tests that kill it)."""
-    server = SandlotServer(compat_image_root)
+    server = _new_server(request, compat_image_root, compat_backend)
     server.start()
     try:
         yield server

@@ -31,7 +31,7 @@ from sandlot.runtime.oci.spec import EXECD_OOM_SCORE_ADJ, can_lower_oom_score_ad
 from tests.compat.conftest import SandlotServer
 
 # A cold image build can take far longer than the suite's default per-test timeout.
-pytestmark = pytest.mark.timeout(2400)
+pytestmark = [pytest.mark.timeout(2400), pytest.mark.backends("oci", "docker")]
 
 IMAGE = "code-interpreter"
 REFERENCE_IMAGE = "opensandbox/code-interpreter:latest"
@@ -54,7 +54,9 @@ def code_interpreter_image(image_store: ImageStore, base_image: Image) -> Image:
 
 @pytest.fixture(scope="module")
 def code_server(code_interpreter_image: Image, sandlot_server: SandlotServer) -> SandlotServer:
-    """The module's ``sandlot serve``, once the image it needs is in its store."""
+    """The module's ``sandlot serve``, once the images it needs are in its backend."""
+    for name in (IMAGE, REFERENCE_IMAGE):
+        sandlot_server.provide_image(code_interpreter_image, name)
     return sandlot_server
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.compat.conftest import SandlotServer
+
+pytestmark = pytest.mark.backends("oci", "docker")
 
 
 def assert_error(r: httpx.Response, status: int) -> dict:

@@ -19,6 +19,8 @@ from sandlot.images.store import ImageStore
 from tests.compat.conftest import SandlotServer
 from tests.conftest import LocalRegistry
 
+pytestmark = pytest.mark.backends("oci", "docker")
+
 
 @pytest.fixture
 def tiny_image(auth_registry: LocalRegistry, image_store: ImageStore) -> Iterator[str]:

@@ -9,6 +9,8 @@ import pytest
 
 from tests.compat.conftest import SandlotServer
 
+pytestmark = pytest.mark.backends("oci", "docker")
+
 QUICKSTART = """
 import asyncio
 from datetime import timedelta

@@ -7,13 +7,15 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import httpx
+import pytest
 from opensandbox import Sandbox
 from opensandbox.config import ConnectionConfig
 
-from sandlot.config import Config
 from sandlot.images.store import ImageStore
 from sandlot.runtime.base import ImageRef, SandboxSpec
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer, _in_thread
+
+pytestmark = pytest.mark.backends("oci", "docker")
 
 BODY = {
     "image": {"uri": COMPAT_IMAGE},
@@ -34,9 +36,7 @@ def wait_state(c: httpx.Client, sid: str, state: str, timeout: float = 120) -> d
 
 
 async def _runtime_op(server: SandlotServer, op: str, sid: str, image_store: ImageStore) -> None:
-    from sandlot.runtime.oci import OciRuntime
-
-    rt = await OciRuntime.open(Config(data_dir=server.data_dir))
+    rt = await server.open_runtime()
     try:
         if op == "delete":
             await rt.delete(sid)

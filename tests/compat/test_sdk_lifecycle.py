@@ -11,6 +11,8 @@ from opensandbox.models.sandboxes import SandboxFilter
 
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
 
+pytestmark = pytest.mark.backends("oci", "docker")
+
 
 async def test_sdk_lifecycle(sandlot_server: SandlotServer) -> None:
     cfg = sandlot_server.sdk_config()

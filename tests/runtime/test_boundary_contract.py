@@ -28,12 +28,28 @@ from sandlot.runtime.registry import runtime_class
 from tests.runtime.helpers import TEST_IMAGES, open_runtime
 
 
-async def _oci(data_dir: Path, image: Image) -> tuple[Runtime, ImageRef]:
+async def _oci(
+    request: pytest.FixtureRequest, data_dir: Path, image: Image
+) -> tuple[Runtime, ImageRef]:
     return await open_runtime(data_dir), TEST_IMAGES.add(image)
 
 
-BACKENDS: dict[str, Callable[[Path, Image], Awaitable[tuple[Runtime, ImageRef]]]] = {
+async def _docker(
+    request: pytest.FixtureRequest, data_dir: Path, image: Image
+) -> tuple[Runtime, ImageRef]:
+    """The docker backend on the session's private dockerd (``base`` imported into it)."""
+    from tests.runtime.docker.conftest import open_docker_runtime
+
+    engine = request.getfixturevalue("private_dockerd")
+    tag = request.getfixturevalue("docker_base_image")
+    request.getfixturevalue("monkeypatch").setenv("DOCKER_HOST", engine.host)
+    return await open_docker_runtime(data_dir, network_mode="none"), ImageRef(tag)
+
+
+Factory = Callable[[pytest.FixtureRequest, Path, Image], Awaitable[tuple[Runtime, ImageRef]]]
+BACKENDS: dict[str, Factory] = {
     "oci": _oci,
+    "docker": _docker,
 }
 
 
@@ -41,7 +57,7 @@ BACKENDS: dict[str, Callable[[Path, Image], Awaitable[tuple[Runtime, ImageRef]]]
 async def backend(
     request: pytest.FixtureRequest, runtime_data_dir: Path, rt_image: Image
 ) -> AsyncIterator[tuple[Runtime, ImageRef]]:
-    rt, ref = await BACKENDS[request.param](runtime_data_dir, rt_image)
+    rt, ref = await BACKENDS[request.param](request, runtime_data_dir, rt_image)
     try:
         yield rt, ref
     finally:

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ContainerInfo", "ContainerState", "CreateResult", "EgressRule", "ImageRef", "NetworkPolicy",
-    "Progress", "RegistryAuth", "Runtime", "RuntimeCapabilities", "SandboxSpec", "VolumeSpec",
+    "Progress", "RegistryAuth", "Runtime", "RuntimeCapabilities", "SandboxSpec", "StateListener",
+    "VolumeSpec",
 ]
 
 
@@ -129,6 +130,9 @@ class ContainerInfo:
 # status. ("Pulling", ...) when it fetches the image (stored at once), ("Starting", ...) when
 # it starts the container (kept in memory: it is the common, fast case).
 Progress = Callable[[str, str], Awaitable[None]]
+# Called by a backend that notices, without being asked, that a sandbox's container stopped
+# or vanished (e.g. removed with the engine's own tools): (sandbox id, its state now).
+StateListener = Callable[[str, "ContainerInfo"], Awaitable[None]]
 
 
 class Runtime(abc.ABC):
@@ -183,6 +187,14 @@ class Runtime(abc.ABC):
         """Keep pre-started sandboxes of ``image`` ready for fast creates, if supported.
 
         Returns at once; a runtime without a warm pool does nothing.
+        """
+        return None
+
+    def watch(self, changed: StateListener) -> None:
+        """Report containers that stop or vanish behind the server's back to ``changed``.
+
+        Returns at once. A backend that cannot see such changes does nothing (restart
+        reconciliation still finds them).
         """
         return None
 

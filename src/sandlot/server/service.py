@@ -32,7 +32,14 @@ from sandlot.errors import (
 from sandlot.net import egress_api
 from sandlot.net.policy import EgressPolicy, parse_policy
 from sandlot.runtime import execd_client
-from sandlot.runtime.base import ImageRef, RegistryAuth, Runtime, SandboxSpec
+from sandlot.runtime.base import (
+    ContainerInfo,
+    ContainerState,
+    ImageRef,
+    RegistryAuth,
+    Runtime,
+    SandboxSpec,
+)
 from sandlot.server import spec_parts
 from sandlot.server.api.schemas import CreateSandboxRequest
 from sandlot.server.endpoints import EndpointForwarder
@@ -45,6 +52,9 @@ from sandlot.server.tokens import ExecdTokens
 EXPIRY_RETRY = 30.0  # seconds before a failed expiry is tried again
 
 log = logging.getLogger(__name__)
+# States in which a container that stops or vanishes makes the sandbox Failed.
+_WATCHED_STATES = frozenset({SandboxState.RUNNING, SandboxState.PAUSING, SandboxState.PAUSED,
+                             SandboxState.RESUMING})
 
 KEEP_ALIVE = ["tail", "-f", "/dev/null"]
 # The keep-alive idiom (the SDKs' default entrypoint) is recorded as asked but not started:
@@ -103,6 +113,7 @@ class SandboxService:
             self._records[rec.id] = rec
         await reconcile(self)
         await self._reapply_network_policies()
+        self.runtime.watch(self.container_changed)
         await self._prewarm()
 
     async def _reapply_network_policies(self) -> None:
@@ -360,6 +371,26 @@ class SandboxService:
         """Move ``rec`` to ``state`` and store it (also used by restart reconciliation)."""
         rec.transition(state, reason, message)
         await self.store.save(rec)
+
+    async def container_changed(self, sandbox_id: str, info: ContainerInfo) -> None:
+        """The runtime saw a live sandbox's container stop or vanish: it is Failed now."""
+        rec = self._records.get(sandbox_id)
+        if rec is None or rec.state not in _WATCHED_STATES or info.state in (
+                ContainerState.RUNNING, ContainerState.PAUSED, ContainerState.CREATED):
+            return
+        async with self._lock(sandbox_id):
+            if rec.state not in _WATCHED_STATES:
+                return  # deleted or changed meanwhile
+            await self.forwarder.close_sandbox(sandbox_id)
+            if info.state == ContainerState.MISSING:
+                await self.set_state(rec, SandboxState.FAILED, "ContainerVanished",
+                                     "the sandbox's container no longer exists in the runtime")
+                return
+            with contextlib.suppress(Exception):
+                await self.runtime.delete(sandbox_id)
+            code = f" (exit code {info.exit_code})" if info.exit_code is not None else ""
+            await self.set_state(rec, SandboxState.FAILED, "ContainerExited",
+                                 f"the sandbox's init process is no longer running{code}")
 
     async def delete(self, sandbox_id: str, reason: str = "user_delete") -> None:
         rec = self.get(sandbox_id)
