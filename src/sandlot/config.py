@@ -50,6 +50,17 @@ class RuntimeConfig(_Section):
     # Warm pool (oci): this many pre-started sandboxes per listed image, claimed by create.
     warm_pool_size: int = 2
     warm_pool_images: list[str] = Field(default_factory=lambda: ["base"])
+    # Cap on a sandbox's writable layer when a create names no resourceLimits
+    # "ephemeral-storage" (a quantity such as "2Gi"); unset = no cap (docs/volumes.md).
+    default_ephemeral_storage: str | None = None
+
+
+class StorageConfig(_Section):
+    """Upstream's ``[storage]`` section: where host volumes may come from."""
+
+    # Host directories (and everything below them) that ``host`` volumes may bind; empty:
+    # host volumes are refused. Symlinks are resolved before the check.
+    allowed_host_paths: list[str] = Field(default_factory=list)
 
 
 class StoreConfig(_Section):
@@ -127,6 +138,7 @@ class Config(_Section):
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     egress: EgressConfig = Field(default_factory=EgressConfig)
     docker: DockerConfig = Field(default_factory=DockerConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
     data_dir: Path = DEFAULT_DATA_DIR
     _warnings: list[str] = PrivateAttr(default_factory=list)
     _refusals: list[str] = PrivateAttr(default_factory=list)
@@ -194,6 +206,14 @@ pids_limit = 4096
 # Pre-started sandboxes per pooled image, claimed by creates in a few ms (0 turns it off).
 warm_pool_size = 2
 warm_pool_images = ["base"]
+
+# Cap on each sandbox's writable layer unless a create asks for resourceLimits
+# "ephemeral-storage" itself (see docs/volumes.md); unset = uncapped.
+# default_ephemeral_storage = "10Gi"
+
+[storage]
+# Host directories that `host` volumes may bind (nothing else; empty = no host volumes).
+allowed_host_paths = []
 
 [store]
 # url = "postgresql+asyncpg://user:pass@127.0.0.1/sandlot"   # default: SQLite in data_dir

@@ -65,9 +65,9 @@ UPSTREAM: dict[str, dict[str, Rule]] = {
                              why="IPv6 is always off inside sandboxes; false cannot be honoured"),
     },
     "storage": {
-        # Host volumes are refused per request (501): an allow-list cannot widen anything.
-        "allowed_host_paths": Rule(False, why="host volumes are not supported"),
-        "volume_default_size": Rule(False, why="no PVC volumes"),
+        # pvc volumes are directories in the data dir: no size a create could ask for is
+        # enforced, so a default size would be a promise not kept.
+        "volume_default_size": Rule(False, why="pvc volume sizes are not enforced"),
         "ossfs_mount_root": Rule(False, why="no OSSFS volumes"),
     },
     "ingress": {

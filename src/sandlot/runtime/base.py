@@ -81,6 +81,7 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)
     cpu_cores: float | None = None  # e.g. 0.5; None = unlimited
     memory_bytes: int | None = None  # None = unlimited
+    disk_bytes: int | None = None  # cap on the writable layer ("ephemeral-storage"); None = none
     pids_limit: int = 4096
     execd_token: str | None = None  # required in X-EXECD-ACCESS-TOKEN when set
     volumes: list[VolumeSpec] = field(default_factory=list)
@@ -96,6 +97,7 @@ class RuntimeCapabilities:
     hibernate: bool = False
     snapshots: bool = False
     volume_kinds: frozenset[str] = frozenset()
+    disk_limit: bool = False  # enforces SandboxSpec.disk_bytes (resourceLimits ephemeral-storage)
     gpu: bool = False
     network_policy: bool = False
     isolation: str = "runc"  # "runc", "gvisor", "docker", ...: reported at start and in doctor
@@ -182,6 +184,14 @@ class Runtime(abc.ABC):
         listens there. The socket must not depend on anything the sandbox can write (no
         host path inside the sandbox's reach is followed).
         """
+
+    async def check_volumes(self, volumes: list[VolumeSpec]) -> None:
+        """Refuse (``InvalidRequest``) volumes this backend cannot mount, before the create is
+        accepted: e.g. a pvc that does not exist with ``createIfNotExists`` false.
+
+        The request's shape and host-path allow-list are checked by the server already.
+        """
+        return None
 
     async def prewarm(self, image: ImageRef) -> None:
         """Keep pre-started sandboxes of ``image`` ready for fast creates, if supported.

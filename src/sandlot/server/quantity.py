@@ -56,3 +56,17 @@ def parse_memory(value: str) -> int:
     if size < 4 * 2**20:
         raise InvalidRequest(f"resourceLimits.memory must be at least 4Mi, got {value!r}")
     return int(size)
+
+
+# Smallest writable layer: an ext4 of its own (runtime/oci/disklimit.py) needs some metadata.
+MIN_EPHEMERAL_STORAGE = 32 * 2**20
+
+
+def parse_ephemeral_storage(value: str) -> int:
+    """``resourceLimits["ephemeral-storage"]`` or its configured default, in bytes."""
+    size = parse_quantity(value, "ephemeral-storage")
+    if size < MIN_EPHEMERAL_STORAGE:
+        raise InvalidRequest(
+            f"resourceLimits.ephemeral-storage must be at least 32Mi, got {value!r}"
+        )
+    return int(size)

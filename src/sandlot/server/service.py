@@ -45,9 +45,10 @@ from sandlot.server.api.schemas import CreateSandboxRequest
 from sandlot.server.endpoints import EndpointForwarder
 from sandlot.server.expiry import ExpiryScheduler
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
-from sandlot.server.quantity import parse_cpu, parse_memory
+from sandlot.server.quantity import parse_cpu, parse_ephemeral_storage, parse_memory
 from sandlot.server.store import SandboxStore
 from sandlot.server.tokens import ExecdTokens
+from sandlot.server.volume_checks import check_volumes
 
 EXPIRY_RETRY = 30.0  # seconds before a failed expiry is tried again
 
@@ -192,6 +193,9 @@ class SandboxService:
         limits = dict(req.resource_limits)
         cpu = parse_cpu(limits["cpu"]) if "cpu" in limits else None
         memory = parse_memory(limits["memory"]) if "memory" in limits else None
+        disk = self._disk_bytes(limits)
+        volumes = spec_parts.volume_specs(req.volumes)
+        await self.runtime.check_volumes(volumes)
         assert req.image is not None
         now = utcnow()
         rec = SandboxRecord(
@@ -222,8 +226,8 @@ class SandboxService:
         wait = self.cfg.server.create_wait_seconds
         if wait <= 0:  # answered at once, as Pending: stored before the answer names it
             await self.store.save(rec)
-        parts = {"env": dict(req.env), "cpu": cpu, "memory": memory, "auth": auth,
-                 "volumes": spec_parts.volume_specs(req.volumes)}
+        parts = {"env": dict(req.env), "cpu": cpu, "memory": memory, "disk": disk,
+                 "auth": auth, "volumes": volumes}
         task = asyncio.create_task(self._provision(rec, parts))
         self._provisioning[rec.id] = task
         task.add_done_callback(self._provisioned)
@@ -238,6 +242,16 @@ class SandboxService:
                 # reconciliation deletes.)
                 await self.store.save(rec)
         return rec
+
+    def _disk_bytes(self, limits: dict[str, str]) -> int | None:
+        """The writable layer's cap: the request's ``ephemeral-storage`` or the default."""
+        asked = limits.get("ephemeral-storage") or self.cfg.runtime.default_ephemeral_storage
+        if not asked:
+            return None
+        if not self.runtime.capabilities.disk_limit:
+            raise Unsupported(f"ephemeral-storage limits are not supported by the "
+                              f"{self.runtime.name} runtime: it cannot cap a sandbox's disk use")
+        return parse_ephemeral_storage(asked)
 
     def _provisioned(self, task: asyncio.Task[None]) -> None:
         for sid, t in list(self._provisioning.items()):
@@ -261,6 +275,7 @@ class SandboxService:
                 "(server.max_sandbox_timeout_seconds)"
             )
         caps = self.runtime.capabilities
+        check_volumes(req.volumes, self.cfg.storage.allowed_host_paths)
         for volume in req.volumes or []:
             kind = spec_parts.volume_kind(volume)
             if kind not in caps.volume_kinds:
@@ -318,6 +333,7 @@ class SandboxService:
                 env=parts["env"],
                 cpu_cores=parts["cpu"],
                 memory_bytes=parts["memory"],
+                disk_bytes=parts["disk"],
                 pids_limit=self.cfg.runtime.pids_limit,
                 execd_token=token,
                 volumes=parts["volumes"],

@@ -31,12 +31,23 @@ class SandboxPaths:
         return self.bundle / "config.json"
 
     @property
+    def rw(self) -> Path:
+        """Holds the overlay's upper and work dirs: a plain directory, or the mount point of
+        the sandbox's own size-capped file system (``disklimit``)."""
+        return self.root / "rw"
+
+    @property
     def upper(self) -> Path:
-        return self.root / "upper"
+        return self.rw / "upper"
 
     @property
     def work(self) -> Path:
-        return self.root / "work"
+        return self.rw / "work"
+
+    @property
+    def volumes(self) -> Path:
+        """Staged bind mounts of the sandbox's volumes (``volumes``)."""
+        return self.root / "volumes"
 
     @property
     def etc(self) -> Path:

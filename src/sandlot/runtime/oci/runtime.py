@@ -51,12 +51,14 @@ from sandlot.runtime.base import (
     Runtime,
     RuntimeCapabilities,
     SandboxSpec,
+    VolumeSpec,
 )
 from sandlot.runtime.execd_bundle import ExecdBundle, ensure_bundle
-from sandlot.runtime.oci import cgroups, claimops, mounts, netns, pool
+from sandlot.runtime.oci import cgroups, claimops, disklimit, mounts, netns, pool, volumes
 from sandlot.runtime.oci import spec as ocispec
 from sandlot.runtime.oci.layout import SandboxPaths, netns_name
 from sandlot.runtime.oci.runc import Runc
+from sandlot.server.quantity import parse_ephemeral_storage
 
 log = logging.getLogger(__name__)
 _ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
@@ -116,6 +118,8 @@ class OciRuntime(Runtime):
         images: ImageSource,
         execd_port: int = execd_client.DEFAULT_PORT,
         network: NetworkManager | None = None,
+        allowed_host_paths: list[str] | None = None,
+        default_disk_bytes: int | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.images = images
@@ -125,7 +129,13 @@ class OciRuntime(Runtime):
         self.capabilities = RuntimeCapabilities(
             pause=True, isolation=Path(binary).name, platforms=frozenset({HOST_PLATFORM}),
             network_policy=True,
+            volume_kinds=frozenset({"host", "pvc"}), disk_limit=True,
         )
+        self.allowed_host_paths = list(allowed_host_paths or [])
+        self.pvcs = volumes.PvcStore(data_dir / "volumes")
+        # Warm containers get the configured default cap, so creates that ask for no other
+        # size are still served from the pool.
+        self.default_disk_bytes = default_disk_bytes
         self.runc = Runc(binary, data_dir / "runc")
         self.bundle = bundle
         self.pids_limit = pids_limit
@@ -164,10 +174,12 @@ class OciRuntime(Runtime):
         network = None
         if cfg.network.mode == "isolated":
             network = await NetworkManager.open(cfg, data_dir)
+        default_disk = cfg.runtime.default_ephemeral_storage
         rt = cls(data_dir, resolved, bundle, cfg.runtime.pids_limit,
                  cfg.runtime.warm_pool_size, cfg.runtime.warm_pool_images,
                  images=images, execd_port=cfg.execd.port,
-                 network=network)
+                 network=network, allowed_host_paths=cfg.storage.allowed_host_paths,
+                 default_disk_bytes=parse_ephemeral_storage(default_disk) if default_disk else None)
         if rt._own_pool_dir():
             await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
             if network is not None:
@@ -225,8 +237,6 @@ class OciRuntime(Runtime):
 
     async def create(self, spec: SandboxSpec, progress: Progress | None = None) -> CreateResult:
         _check_id(spec.sandbox_id)
-        if spec.volumes:
-            raise InvalidRequest("volumes are not supported by the oci runtime yet")
         image = await self.resolve_image(spec.image, progress)
         if progress is not None:
             await progress("Starting", "starting the container")
@@ -235,7 +245,9 @@ class OciRuntime(Runtime):
             if (p.root.exists() or (self.runc.root / spec.sandbox_id).exists()
                     or self.claims.get(spec.sandbox_id)):
                 raise Conflict(f"sandbox {spec.sandbox_id} already exists")
-            warm = self.pool.take(image)
+            # A warm container has no volumes (its mounts are made) and the default cap.
+            poolable = not spec.volumes and spec.disk_bytes == self.default_disk_bytes
+            warm = self.pool.take(image) if poolable else None
             if warm is not None and await self._claim(spec, image, warm):
                 return CreateResult(execd_ready=True)  # its execd has just answered the claim
             try:
@@ -253,9 +265,16 @@ class OciRuntime(Runtime):
     async def _create(
         self, spec: SandboxSpec, image: Image, p: SandboxPaths, pooled: bool = False
     ) -> None:
-        for d in (p.rootfs, p.upper, p.work, p.etc):
+        for d in (p.rootfs, p.rw, p.etc):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(p.root, 0o700)  # the upper dir holds the workload's files
+        if spec.disk_bytes is not None:
+            await disklimit.mount_limited(p.root, p.rw, spec.disk_bytes)
+        for d in (p.upper, p.work):
+            d.mkdir(exist_ok=True)
+        staged = (await asyncio.to_thread(volumes.stage, spec.volumes, p.root, spec.sandbox_id,
+                                          self.pvcs, self.allowed_host_paths)
+                  if spec.volumes else [])
         (p.upper / ocispec.WORKSPACE.lstrip("/")).mkdir(mode=0o755, exist_ok=True)
         host = ocispec.hostname(spec)
         (p.etc / "hostname").write_text(host + "\n")
@@ -276,6 +295,7 @@ class OciRuntime(Runtime):
                 "destination": "/etc/resolv.conf", "type": "bind",
                 "source": str(p.etc / "resolv.conf"),
                 "options": ["bind", "ro", "nosuid", "nodev", "noexec"]})
+        config["mounts"] += volumes.oci_mounts(staged)
         if pooled:
             args = config["process"]["args"]
             args.insert(args.index("sandlot.execd") + 1, "--pooled")
@@ -294,6 +314,14 @@ class OciRuntime(Runtime):
             return  # mode none: nothing leaves the sandbox whatever the policy says
         await self.network.set_policy(self.container_id(sandbox_id), policy)
 
+    async def check_volumes(self, specs: list[VolumeSpec]) -> None:
+        for v in specs:
+            if (v.kind == "pvc" and not v.options.get("createIfNotExists", True)
+                    and not self.pvcs.exists(v.source)):
+                raise InvalidRequest(
+                    f"volume {v.name!r}: pvc {v.source!r} does not exist and "
+                    "createIfNotExists is false", code="VOLUME::PVC_NOT_FOUND")
+
     # -- delete -------------------------------------------------------------------------
 
     async def delete(self, sandbox_id: str) -> None:
@@ -309,6 +337,7 @@ class OciRuntime(Runtime):
         await asyncio.to_thread(cgroups.kill_all, sandbox_id)
         await self.runc.delete_force(sandbox_id)
         await asyncio.to_thread(cgroups.remove_sandbox_cgroups, sandbox_id)
+        await asyncio.to_thread(volumes.unstage, p.root)  # raises if a volume stays mounted
         for mp in mounts.mounts_under(p.root):
             mounts.unmount(Path(mp))
         if self.network is not None:
@@ -317,6 +346,10 @@ class OciRuntime(Runtime):
         state_dir = self.runc.root / sandbox_id
         if state_dir.exists():  # runc could not delete it (e.g. its init already gone)
             shutil.rmtree(state_dir, ignore_errors=True)
+        await asyncio.to_thread(self.pvcs.release, sandbox_id)
+        left = mounts.mounts_under(p.root)
+        if left:  # never rmtree through a mount (a volume's or the host's files)
+            raise RuntimeFailure(f"sandbox {sandbox_id}: still mounted: {', '.join(left)}")
         if p.root.exists():
             await asyncio.to_thread(shutil.rmtree, p.root)
 
@@ -436,7 +469,8 @@ class OciRuntime(Runtime):
         self._made_warm.add(cid)
         token = secrets.token_urlsafe(24)
         spec = SandboxSpec(sandbox_id=cid, image=ImageRef(image.name), entrypoint=[],
-                           pids_limit=self.pids_limit, execd_token=token)
+                           pids_limit=self.pids_limit, execd_token=token,
+                           disk_bytes=self.default_disk_bytes)
         p = SandboxPaths.of(self.data_dir, cid)
         try:
             await self._create(spec, image, p, pooled=True)

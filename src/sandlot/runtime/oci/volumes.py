@@ -1,0 +1,217 @@
+"""Volumes of an OCI sandbox: host directories and pvc (named) volumes, bound in by runc.
+
+Each volume's source is opened without following links (``hostpath.open_beneath``) and
+bind-mounted from that descriptor onto ``<sandbox dir>/volumes/<name>``, a directory only the
+server can change; config.json binds that staged mount into the container. So the path runc
+follows is never one a sandbox can redirect, and the sandbox's teardown (which unmounts
+everything below its folder) removes the staged mounts with the rest.
+
+pvc volumes are directories ``data_dir/volumes/<claim>/data`` (parents 0700, so only root on
+the host reaches them) shared by every sandbox naming the claim. Who uses a claim is kept on
+disk (``users/<container id>``), so a restart loses nothing; a claim created by a request with
+``deleteOnSandboxTermination`` is removed when its last user ends (claims that existed before
+are never removed, as upstream). A file lock serialises use and removal across processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandlot.errors import InvalidRequest
+from sandlot.runtime.base import VolumeSpec
+from sandlot.runtime.hostpath import PathEscape, fd_path, open_beneath
+from sandlot.runtime.oci import mounts
+
+MS_BIND = 0x1000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _bad(code: str, message: str) -> InvalidRequest:
+    return InvalidRequest(message, code=f"VOLUME::{code}")
+
+
+@dataclass(frozen=True)
+class StagedVolume:
+    spec: VolumeSpec
+    staged: Path  # the bind mount below the sandbox folder that config.json names
+
+
+class PvcStore:
+    """Named volumes under ``data_dir/volumes`` (see module docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _ensure_root(self) -> None:
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self._ensure_root()
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def data_dir(self, claim: str) -> Path:
+        return self.root / claim / "data"
+
+    def exists(self, claim: str) -> bool:
+        return self.data_dir(claim).is_dir()
+
+    def acquire(self, claim: str, user: str, *, create: bool, delete_when_unused: bool,
+                volume_name: str) -> Path:
+        """Record ``user`` as a user of ``claim`` (made if missing and ``create``)."""
+        with self._locked():
+            base = self.root / claim
+            if not self.data_dir(claim).is_dir():
+                if not create:
+                    raise _bad("PVC_NOT_FOUND",
+                               f"volume {volume_name!r}: pvc {claim!r} does not exist and "
+                               "createIfNotExists is false")
+                base.mkdir(mode=0o700, exist_ok=True)
+                (base / "users").mkdir(mode=0o700, exist_ok=True)
+                meta = {"created_by": user, "deleteOnSandboxTermination": delete_when_unused}
+                (base / "meta.json").write_text(json.dumps(meta))
+                # The volume's own root: world-searchable like a fresh docker volume, owned by
+                # root, so root in a sandbox (uid 0 on the host without a user namespace)
+                # writes to it; see docs/volumes.md for ownership.
+                self.data_dir(claim).mkdir(mode=0o755)
+            (base / "users").mkdir(mode=0o700, exist_ok=True)
+            (base / "users" / user).touch(mode=0o600)
+            return self.data_dir(claim)
+
+    def release(self, user: str) -> list[str]:
+        """Forget ``user`` everywhere; remove claims it was the last user of that asked for it.
+
+        Returns the claims removed.
+        """
+        removed: list[str] = []
+        if not self.root.is_dir():
+            return removed
+        with self._locked():
+            for base in sorted(self.root.iterdir()):
+                mark = base / "users" / user
+                if not mark.exists():
+                    continue
+                mark.unlink()
+                if any((base / "users").iterdir()):
+                    continue
+                if self._meta(base).get("deleteOnSandboxTermination"):
+                    shutil.rmtree(base)
+                    removed.append(base.name)
+        return removed
+
+    def users(self, claim: str) -> set[str]:
+        d = self.root / claim / "users"
+        return {p.name for p in d.iterdir()} if d.is_dir() else set()
+
+    @staticmethod
+    def _meta(base: Path) -> dict[str, Any]:
+        try:
+            data = json.loads((base / "meta.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+
+def _host_root(path: str, allowed: list[str]) -> tuple[str, str]:
+    """(resolved allowed prefix, the rest of ``path`` below it) for the first match."""
+    for prefix in allowed:
+        real = os.path.realpath(prefix)
+        resolved = os.path.realpath(path)
+        if resolved == real or resolved.startswith(real.rstrip("/") + "/"):
+            return real, os.path.relpath(resolved, real)
+    raise _bad("HOST_PATH_NOT_ALLOWED",
+               f"host path {path!r} is not under an allowed prefix ({', '.join(allowed)})")
+
+
+def _bind_fd(fd: int, target: Path) -> None:
+    if _libc.mount(fd_path(fd).encode(), str(target).encode(), None, MS_BIND, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"bind volume onto {target}: {os.strerror(err)}")
+
+
+def stage(volumes: list[VolumeSpec], sandbox_root: Path, container_id: str,
+          pvcs: PvcStore, allowed_host_paths: list[str]) -> list[StagedVolume]:
+    """Open every source safely and bind it below ``sandbox_root/volumes``.
+
+    On failure what was staged stays for the caller's teardown (it unmounts everything
+    below the sandbox folder and calls ``pvcs.release``).
+    """
+    staged: list[StagedVolume] = []
+    vol_dir = sandbox_root / "volumes"
+    for v in volumes:
+        sub = (v.sub_path or "").strip("/")
+        if v.kind == "host":
+            root, rel = _host_root(v.source, allowed_host_paths)
+            rel = os.path.join(rel, sub) if sub else rel
+        elif v.kind == "pvc":
+            root = str(pvcs.acquire(
+                v.source, container_id,
+                create=bool(v.options.get("createIfNotExists", True)),
+                delete_when_unused=bool(v.options.get("deleteOnSandboxTermination", False)),
+                volume_name=v.name))
+            rel = sub
+        else:
+            raise _bad("UNSUPPORTED_BACKEND", f"volume {v.name!r}: {v.kind} volumes are not "
+                                              "supported by the oci runtime")
+        try:
+            fd = open_beneath(root, rel, create=True)
+        except PathEscape as exc:
+            raise _bad("INVALID_HOST_PATH" if v.kind == "host" else "INVALID_SUB_PATH",
+                       f"volume {v.name!r}: {exc.strerror}: a volume may not lead out of "
+                       "its directory through a symbolic link") from exc
+        try:
+            vol_dir.mkdir(mode=0o700, exist_ok=True)
+            target = vol_dir / v.name
+            target.mkdir(mode=0o700)
+            _bind_fd(fd, target)
+        finally:
+            os.close(fd)
+        staged.append(StagedVolume(v, target))
+    return staged
+
+
+def oci_mounts(staged: list[StagedVolume]) -> list[dict[str, Any]]:
+    """config.json entries binding each staged volume at its mount path.
+
+    nosuid and nodev: a volume is data shared with the host or other sandboxes, never a way
+    to bring in set-uid programs or device nodes.
+    """
+    return [
+        {"destination": s.spec.mount_path, "type": "bind", "source": str(s.staged),
+         "options": ["bind", "ro" if s.spec.read_only else "rw", "nosuid", "nodev"]}
+        for s in staged
+    ]
+
+
+def unstage(sandbox_root: Path) -> None:
+    """Unmount the staged volumes and remove their mount points (before any rmtree).
+
+    Raises if one stays mounted: removing the sandbox folder then would delete the volume's
+    contents.
+    """
+    vol_dir = sandbox_root / "volumes"
+    if not vol_dir.is_dir():
+        return
+    for mp in mounts.mounts_under(vol_dir):
+        mounts.unmount(Path(mp))
+    left = mounts.mounts_under(vol_dir)
+    if left:
+        raise OSError(f"volumes still mounted below {vol_dir}: {left}")
+    for d in vol_dir.iterdir():
+        d.rmdir()  # empty mount points only: never deletes a volume's files
+    vol_dir.rmdir()

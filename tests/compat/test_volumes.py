@@ -1,0 +1,221 @@
+"""Volumes and the disk cap (issue 13, parts 1 and 5) through the released SDK and ``osb``.
+
+One ``sandlot serve`` with ``[storage] allowed_host_paths`` set to a directory of the test's
+own; host volumes, pvc volumes shared by two sandboxes, and ``ephemeral-storage``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from opensandbox import Sandbox
+from opensandbox.models.sandboxes import PVC, Host, Volume
+
+from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
+
+
+@pytest.fixture(scope="module")
+def allowed_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="slv-allowed-", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def vol_server(compat_image_root: Path, allowed_dir: Path) -> Iterator[SandlotServer]:
+    server = SandlotServer(compat_image_root)
+    with server.config.open("a") as fh:
+        fh.write(f'[storage]\nallowed_host_paths = ["{allowed_dir}"]\n')
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+async def _create(server: SandlotServer, **kw: object) -> Sandbox:
+    return await Sandbox.create(
+        COMPAT_IMAGE, connection_config=server.sdk_config(),
+        timeout=timedelta(minutes=10), ready_timeout=timedelta(seconds=90), **kw,  # type: ignore[arg-type]
+    )
+
+
+async def _sh(sandbox: Sandbox, cmd: str) -> tuple[str, str]:
+    ex = await sandbox.commands.run(cmd)
+    out = "".join(m.text for m in ex.logs.stdout)
+    err = "".join(m.text for m in ex.logs.stderr)
+    return out.strip(), err.strip()
+
+
+async def test_host_volume_read_write_and_read_only(vol_server: SandlotServer,
+                                                    allowed_dir: Path) -> None:
+    src = allowed_dir / "checkout"
+    src.mkdir()
+    (src / "README").write_text("from the host\n")
+    sandbox = await _create(vol_server, volumes=[
+        Volume(name="code", host=Host(path=str(src)), mount_path="/mnt/code"),
+        Volume(name="code-ro", host=Host(path=str(src)), mount_path="/mnt/ro", read_only=True),
+    ])
+    try:
+        out, _ = await _sh(sandbox, "cat /mnt/code/README; echo made > /mnt/code/new; "
+                                    "echo x > /mnt/ro/nope || echo refused")
+        assert "from the host" in out and "refused" in out
+        assert (src / "new").read_text() == "made\n"
+        assert not (src / "nope").exists()
+        # root in the sandbox writes as root on the host (no user namespace: docs/volumes.md)
+        assert (src / "new").stat().st_uid == 0
+        out, _ = await _sh(sandbox, "cat /mnt/ro/new")
+        assert out == "made"
+    finally:
+        await sandbox.kill()
+        await sandbox.close()
+    assert (src / "new").exists()  # a host volume outlives the sandbox
+    assert not any(str(src) in line for line in Path("/proc/self/mountinfo").read_text()
+                   .splitlines()), "a staged volume mount leaked"
+
+
+@pytest.mark.parametrize(("path", "code"), [
+    ("/etc", "VOLUME::HOST_PATH_NOT_ALLOWED"),
+    ("{allowed}/../etc", "VOLUME::INVALID_HOST_PATH"),
+    ("{allowed}/link-out", "VOLUME::HOST_PATH_NOT_ALLOWED"),
+])
+def test_host_volume_outside_is_refused(vol_server: SandlotServer, allowed_dir: Path,
+                                        path: str, code: str) -> None:
+    link = allowed_dir / "link-out"
+    if not link.is_symlink():
+        link.symlink_to("/etc")
+    host_path = path.format(allowed=allowed_dir)
+    body = {"image": {"uri": COMPAT_IMAGE}, "entrypoint": ["tail", "-f", "/dev/null"],
+            "timeout": 60, "resourceLimits": {},
+            "volumes": [{"name": "x", "host": {"path": host_path}, "mountPath": "/mnt/x"}]}
+    with vol_server.client() as c:
+        before = {i["id"] for i in c.get("/v1/sandboxes").json()["items"]}
+        r = c.post("/v1/sandboxes", json=body)
+        assert r.status_code == 400, r.text
+        assert r.json()["code"] == code and host_path.split("/")[-1] in r.json()["message"]
+        assert {i["id"] for i in c.get("/v1/sandboxes").json()["items"]} == before
+
+
+def test_other_bad_volumes(vol_server: SandlotServer, allowed_dir: Path) -> None:
+    cases = [
+        ({"name": "o", "ossfs": {"bucket": "b", "endpoint": "e"}, "mountPath": "/m"}, 501,
+         "VOLUME::UNSUPPORTED_BACKEND"),
+        ({"name": "p", "pvc": {"claimName": "never-made", "createIfNotExists": False},
+          "mountPath": "/m"}, 400, "VOLUME::PVC_NOT_FOUND"),
+        ({"name": "p", "pvc": {"claimName": "x"}, "mountPath": "/m", "subPath": "../up"}, 400,
+         "VOLUME::INVALID_SUB_PATH"),
+        ({"name": "p", "pvc": {"claimName": "x"}, "mountPath": "/proc/x"}, 400,
+         "VOLUME::INVALID_MOUNT_PATH"),
+        ({"name": "Bad_Name", "pvc": {"claimName": "x"}, "mountPath": "/m"}, 400,
+         "VOLUME::INVALID_NAME"),
+    ]
+    with vol_server.client() as c:
+        for vol, status, code in cases:
+            r = c.post("/v1/sandboxes", json={
+                "image": {"uri": COMPAT_IMAGE}, "entrypoint": ["tail", "-f", "/dev/null"],
+                "timeout": 60, "resourceLimits": {}, "volumes": [vol]})
+            assert (r.status_code, r.json()["code"]) == (status, code), r.text
+    assert not (vol_server.data_dir / "volumes" / "x").exists()
+
+
+async def test_pvc_shared_then_removed(vol_server: SandlotServer) -> None:
+    vols = [Volume(name="cache", mount_path="/cache",
+                   pvc=PVC(claim_name="shared-cache", delete_on_sandbox_termination=True))]
+    first = await _create(vol_server, volumes=vols)
+    claim = vol_server.data_dir / "volumes" / "shared-cache"
+    try:
+        out, err = await _sh(first, "mkdir -p /cache/pkgs && echo 42 > /cache/pkgs/answer "
+                                    "&& chmod 600 /cache/pkgs/answer && echo ok")
+        assert out == "ok", err
+        second = await _create(vol_server, volumes=[Volume(
+            name="c", mount_path="/data", read_only=True, sub_path="pkgs",
+            pvc=PVC(claim_name="shared-cache", create_if_not_exists=False))])
+        try:
+            out, _ = await _sh(second, "cat /data/answer; touch /data/x || echo read-only")
+            assert out.splitlines() == ["42", "read-only"]
+        finally:
+            await second.kill()
+            await second.close()
+        assert claim.is_dir()  # the first sandbox still uses it
+    finally:
+        await first.kill()
+        await first.close()
+    assert not claim.exists()  # its last user ended and the creating request asked for it
+
+
+async def test_pvc_kept_without_delete_flag(vol_server: SandlotServer) -> None:
+    vols = [Volume(name="keep", mount_path="/keep", pvc=PVC(claim_name="kept"))]
+    sandbox = await _create(vol_server, volumes=vols)
+    try:
+        await _sh(sandbox, "echo persisted > /keep/f")
+    finally:
+        await sandbox.kill()
+        await sandbox.close()
+    data = vol_server.data_dir / "volumes" / "kept" / "data"
+    assert (data / "f").read_text() == "persisted\n"
+    later = await _create(vol_server, volumes=vols)
+    try:
+        out, _ = await _sh(later, "cat /keep/f")
+        assert out == "persisted"
+    finally:
+        await later.kill()
+        await later.close()
+
+
+async def test_ephemeral_storage_gives_enospc(vol_server: SandlotServer) -> None:
+    free_before = shutil.disk_usage(vol_server.data_dir).free
+    capped = await _create(vol_server, resource={"cpu": "1", "memory": "512Mi",
+                                                 "ephemeral-storage": "64Mi"})
+    other = await _create(vol_server)
+    try:
+        out, err = await _sh(capped, "dd if=/dev/zero of=/workspace/fill bs=1M count=200 "
+                                     "2>&1; echo rc=$?")
+        assert "No space left on device" in out + err and "rc=1" in out, (out, err)
+        out, _ = await _sh(capped, "du -m /workspace/fill | cut -f1")
+        assert int(out) <= 64
+        # the host lost at most the cap, and another sandbox still writes
+        assert shutil.disk_usage(vol_server.data_dir).free > free_before - 200 * 2**20
+        out, err = await _sh(other, "dd if=/dev/zero of=/workspace/f bs=1M count=100 "
+                                    "2>/dev/null && echo wrote")
+        assert out == "wrote", err
+    finally:
+        for s in (capped, other):
+            await s.kill()
+            await s.close()
+    assert "rw.img" not in subprocess.run(["losetup", "-a"], capture_output=True,
+                                          text=True).stdout.replace(str(os.getpid()), "")
+
+
+def test_osb_creates_with_a_volume_and_a_disk_cap(vol_server: SandlotServer,
+                                                  allowed_dir: Path) -> None:
+    """``osb sandbox create --volumes-file ... --resource ephemeral-storage=...``."""
+    from tests.compat.test_osb_cli import ok_json, osb
+
+    src = allowed_dir / "osb"
+    src.mkdir()
+    vols = vol_server.data_dir / "osb-volumes.json"
+    vols.write_text(json.dumps([{"name": "w", "host": {"path": str(src)},
+                                 "mountPath": "/mnt/w"}]))
+    created = ok_json(vol_server, "sandbox", "create", "-i", COMPAT_IMAGE, "-t", "10m",
+                      "--volumes-file", str(vols), "--resource", "ephemeral-storage=48Mi")
+    assert isinstance(created, dict)
+    sid = created["id"]
+    try:
+        run = osb(vol_server, "command", "run", sid, "--", "sh", "-c",
+                  "echo via-osb > /mnt/w/f; df -m / | tail -1")
+        assert run.returncode == 0, run.stderr
+        assert (src / "f").read_text() == "via-osb\n"
+        size_mb = int(run.stdout.split()[1])  # the root's size is the cap, not the host's
+        assert 30 < size_mb <= 48, run.stdout
+    finally:
+        osb(vol_server, "sandbox", "kill", sid)
