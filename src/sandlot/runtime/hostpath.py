@@ -51,7 +51,7 @@ def open_beneath(root: str, relative: str, *, create: bool = False, mode: int = 
                 os.close(nxt)
                 what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
                 shown = "/".join(parts[: i + 1])
-                raise PathEscape(errno.ELOOP, f"{shown!r} below {root} is {what}")
+                raise PathEscape(errno.ELOOP, f"{shown!r} is {what}")
             os.close(fd)
             fd = nxt
     except BaseException:

@@ -315,12 +315,11 @@ class OciRuntime(Runtime):
         await self.network.set_policy(self.container_id(sandbox_id), policy)
 
     async def check_volumes(self, specs: list[VolumeSpec]) -> None:
+        """400 at once for a missing pvc or a subPath that leads out of one through a link
+        (``stage`` checks again, without following links, when it mounts)."""
         for v in specs:
-            if (v.kind == "pvc" and not v.options.get("createIfNotExists", True)
-                    and not self.pvcs.exists(v.source)):
-                raise InvalidRequest(
-                    f"volume {v.name!r}: pvc {v.source!r} does not exist and "
-                    "createIfNotExists is false", code="VOLUME::PVC_NOT_FOUND")
+            if v.kind == "pvc":
+                await asyncio.to_thread(self.pvcs.check, v)
 
     # -- delete -------------------------------------------------------------------------
 
@@ -337,7 +336,8 @@ class OciRuntime(Runtime):
         await asyncio.to_thread(cgroups.kill_all, sandbox_id)
         await self.runc.delete_force(sandbox_id)
         await asyncio.to_thread(cgroups.remove_sandbox_cgroups, sandbox_id)
-        await asyncio.to_thread(volumes.unstage, p.root)  # raises if a volume stays mounted
+        # only once the container is gone; raises if a volume stays mounted
+        await asyncio.to_thread(volumes.unstage, p.root, sandbox_id, self.pvcs)
         for mp in mounts.mounts_under(p.root):
             mounts.unmount(Path(mp))
         if self.network is not None:
@@ -346,7 +346,6 @@ class OciRuntime(Runtime):
         state_dir = self.runc.root / sandbox_id
         if state_dir.exists():  # runc could not delete it (e.g. its init already gone)
             shutil.rmtree(state_dir, ignore_errors=True)
-        await asyncio.to_thread(self.pvcs.release, sandbox_id)
         left = mounts.mounts_under(p.root)
         if left:  # never rmtree through a mount (a volume's or the host's files)
             raise RuntimeFailure(f"sandbox {sandbox_id}: still mounted: {', '.join(left)}")

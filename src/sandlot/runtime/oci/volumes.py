@@ -71,6 +71,23 @@ class PvcStore:
     def exists(self, claim: str) -> bool:
         return self.data_dir(claim).is_dir()
 
+    def check(self, v: VolumeSpec) -> None:
+        """A missing claim that may not be made, or a subPath through a link: 400."""
+        if not self.exists(v.source):
+            if not v.options.get("createIfNotExists", True):
+                raise _bad("PVC_NOT_FOUND", f"volume {v.name!r}: pvc {v.source!r} does not "
+                                            "exist and createIfNotExists is false")
+            return
+        if not v.sub_path:
+            return
+        try:
+            os.close(open_beneath(str(self.data_dir(v.source)), v.sub_path))
+        except FileNotFoundError:
+            pass  # made when mounted
+        except PathEscape as exc:
+            raise _bad("INVALID_SUB_PATH", f"volume {v.name!r}: subPath {v.sub_path!r}: "
+                                           f"{exc.strerror}") from exc
+
     def acquire(self, claim: str, user: str, *, create: bool, delete_when_unused: bool,
                 volume_name: str) -> Path:
         """Record ``user`` as a user of ``claim`` (made if missing and ``create``)."""
@@ -153,6 +170,8 @@ def stage(volumes: list[VolumeSpec], sandbox_root: Path, container_id: str,
     """
     staged: list[StagedVolume] = []
     vol_dir = sandbox_root / "volumes"
+    # First: its existence tells the teardown that this sandbox may hold pvc claims.
+    vol_dir.mkdir(mode=0o700, exist_ok=True)
     for v in volumes:
         sub = (v.sub_path or "").strip("/")
         if v.kind == "host":
@@ -175,7 +194,6 @@ def stage(volumes: list[VolumeSpec], sandbox_root: Path, container_id: str,
                        f"volume {v.name!r}: {exc.strerror}: a volume may not lead out of "
                        "its directory through a symbolic link") from exc
         try:
-            vol_dir.mkdir(mode=0o700, exist_ok=True)
             target = vol_dir / v.name
             target.mkdir(mode=0o700)
             _bind_fd(fd, target)
@@ -198,11 +216,11 @@ def oci_mounts(staged: list[StagedVolume]) -> list[dict[str, Any]]:
     ]
 
 
-def unstage(sandbox_root: Path) -> None:
-    """Unmount the staged volumes and remove their mount points (before any rmtree).
+def unstage(sandbox_root: Path, container_id: str, pvcs: PvcStore) -> None:
+    """Unmount the staged volumes, remove their mount points, release the pvc claims.
 
     Raises if one stays mounted: removing the sandbox folder then would delete the volume's
-    contents.
+    contents. Sandboxes without volumes cost one ``stat``.
     """
     vol_dir = sandbox_root / "volumes"
     if not vol_dir.is_dir():
@@ -214,4 +232,5 @@ def unstage(sandbox_root: Path) -> None:
         raise OSError(f"volumes still mounted below {vol_dir}: {left}")
     for d in vol_dir.iterdir():
         d.rmdir()  # empty mount points only: never deletes a volume's files
+    pvcs.release(container_id)  # before the folder goes: a crash here is retried
     vol_dir.rmdir()
