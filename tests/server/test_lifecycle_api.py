@@ -260,7 +260,14 @@ async def test_error_shapes(harness: Harness, client: httpx.AsyncClient) -> None
     assert r.status_code == 501
     vols = [{"name": "v", "host": {"path": "/srv"}, "mountPath": "/d"}]
     r = await client.post("/v1/sandboxes", json={**BODY, "volumes": vols})
-    assert r.status_code == 501 and "host volumes" in r.json()["message"]
+    if "host" in harness.runtime.capabilities.volume_kinds:
+        assert r.status_code == 400 and r.json()["code"] == "VOLUME::HOST_PATH_NOT_ALLOWED"
+        assert "/srv" in r.json()["message"]  # no [storage] allowed_host_paths configured
+    else:
+        assert r.status_code == 501 and "host volumes" in r.json()["message"]
+    vols = [{"name": "v", "ossfs": {"bucket": "b", "endpoint": "e"}, "mountPath": "/d"}]
+    r = await client.post("/v1/sandboxes", json={**BODY, "volumes": vols})
+    assert r.status_code == 501 and "ossfs volumes" in r.json()["message"]
     r = await client.post("/v1/sandboxes", json={**BODY, "volumes": [{"name": "v",
                                                                       "mountPath": "/d"}]})
     assert r.status_code == 400 and "exactly one backend" in r.json()["message"]

@@ -275,15 +275,8 @@ class SandboxService:
                 "(server.max_sandbox_timeout_seconds)"
             )
         caps = self.runtime.capabilities
-        check_volumes(req.volumes, self.cfg.storage.allowed_host_paths)
-        for volume in req.volumes or []:
-            kind = spec_parts.volume_kind(volume)
-            if kind not in caps.volume_kinds:
-                offered = ", ".join(sorted(caps.volume_kinds)) or "none"
-                raise Unsupported(
-                    f"{kind} volumes are not supported by the {self.runtime.name} runtime "
-                    f"(volume kinds it supports: {offered})"
-                )
+        check_volumes(req.volumes, self.cfg.storage.allowed_host_paths, caps.volume_kinds,
+                      self.runtime.name)
         if req.network_policy is not None and not caps.network_policy:
             raise Unsupported(
                 f"networkPolicy is not supported by the {self.runtime.name} runtime: it "

@@ -27,8 +27,20 @@ def _bad(code: str, message: str) -> InvalidRequest:
     return InvalidRequest(message, code=f"VOLUME::{code}")
 
 
-def check_volumes(volumes: list[dict[str, Any]] | None, allowed_host_paths: list[str]) -> None:
-    """Raise ``InvalidRequest``/``Unsupported`` for the first volume that cannot be served."""
+OSSFS_WHY = ("sandlot mounts no object-storage file systems (no ossfs client, and it would "
+             "hold cloud credentials on the host); use a host or pvc volume")
+
+
+def check_volumes(
+    volumes: list[dict[str, Any]] | None,
+    allowed_host_paths: list[str],
+    supported_kinds: frozenset[str] = frozenset({"host", "pvc"}),
+    runtime_name: str = "oci",
+) -> None:
+    """Raise ``InvalidRequest``/``Unsupported`` for the first volume that cannot be served.
+
+    ``supported_kinds`` are the runtime's ``capabilities.volume_kinds``: another kind is 501.
+    """
     seen: set[str] = set()
     mount_paths: set[str] = set()
     for v in volumes or []:
@@ -51,18 +63,19 @@ def check_volumes(volumes: list[dict[str, Any]] | None, allowed_host_paths: list
             kind = spec_parts.volume_kind(v)
         except InvalidRequest as exc:
             raise _bad("INVALID_BACKEND", exc.message) from exc
+        if kind not in supported_kinds:
+            offered = ", ".join(sorted(supported_kinds)) or "none"
+            why = f": {OSSFS_WHY}" if kind == "ossfs" else ""
+            raise Unsupported(
+                f"volume {name!r}: {kind} volumes are not supported by the {runtime_name} "
+                f"runtime (volume kinds it supports: {offered}){why}",
+                code="VOLUME::UNSUPPORTED_BACKEND",
+            )
         backend = v[kind] if isinstance(v[kind], dict) else {}
         if kind == "host":
             check_host_path(name, backend.get("path"), v.get("subPath"), allowed_host_paths)
         elif kind == "pvc":
             check_pvc(name, backend)
-        else:
-            raise Unsupported(
-                f"volume {name!r}: ossfs volumes are not supported: sandlot mounts no "
-                "object-storage file systems (no ossfs client, and it would hold cloud "
-                "credentials on the host); use a host or pvc volume",
-                code="VOLUME::UNSUPPORTED_BACKEND",
-            )
 
 
 def check_mount_path(name: str, mount_path: Any) -> str:
