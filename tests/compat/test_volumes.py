@@ -229,3 +229,27 @@ def test_osb_creates_with_a_volume_and_a_disk_cap(vol_server: SandlotServer,
         assert 30 < size_mb <= 48, run.stdout
     finally:
         osb(vol_server, "sandbox", "kill", sid)
+
+
+async def test_pvc_use_survives_a_server_restart(vol_server: SandlotServer) -> None:
+    """Who uses a claim is on disk: after a kill -9 and a restart, the last delete still
+    removes a claim that asked for it."""
+    sandbox = await _create(vol_server, volumes=[Volume(
+        name="r", mount_path="/r",
+        pvc=PVC(claim_name="across-restart", delete_on_sandbox_termination=True))])
+    claim = vol_server.data_dir / "volumes" / "across-restart"
+    try:
+        await _sh(sandbox, "echo before > /r/f")
+        vol_server.kill9()
+        vol_server.start()
+        again = await Sandbox.connect(sandbox.id, connection_config=vol_server.sdk_config())
+        try:
+            out, _ = await _sh(again, "cat /r/f")
+            assert out == "before"
+        finally:
+            await again.close()
+        assert claim.is_dir()
+    finally:
+        await sandbox.kill()
+        await sandbox.close()
+    assert not claim.exists()

@@ -110,3 +110,15 @@ def test_pvc_store_lifecycle(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequest) as err:
         store.check(pvc)
     assert err.value.code == "VOLUME::INVALID_SUB_PATH"
+
+
+def test_nested_mount_paths_are_mounted_outer_first(tmp_path: Path) -> None:
+    from sandlot.runtime.oci.volumes import StagedVolume, oci_mounts
+
+    inner = VolumeSpec(name="i", kind="pvc", source="c", mount_path="/data/inner",
+                       read_only=True)
+    outer = VolumeSpec(name="o", kind="pvc", source="c", mount_path="/data")
+    got = oci_mounts([StagedVolume(inner, tmp_path / "i"), StagedVolume(outer, tmp_path / "o")])
+    assert [m["destination"] for m in got] == ["/data", "/data/inner"]
+    assert got[1]["options"] == ["bind", "ro", "nosuid", "nodev"]
+    assert got[0]["source"] == str(tmp_path / "o")
