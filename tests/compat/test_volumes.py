@@ -7,7 +7,6 @@ own; host volumes, pvc volumes shared by two sandboxes, and ``ephemeral-storage`
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -202,8 +201,8 @@ async def test_ephemeral_storage_gives_enospc(vol_server: SandlotServer) -> None
         for s in (capped, other):
             await s.kill()
             await s.close()
-    assert "rw.img" not in subprocess.run(["losetup", "-a"], capture_output=True,
-                                          text=True).stdout.replace(str(os.getpid()), "")
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    assert f"{vol_server.data_dir}/sandboxes/{capped.id}/" not in loops, loops
 
 
 def test_osb_creates_with_a_volume_and_a_disk_cap(vol_server: SandlotServer,
