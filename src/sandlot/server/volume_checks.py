@@ -20,7 +20,7 @@ from sandlot.server import spec_parts
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Paths sandlot itself mounts in every sandbox: a volume there would hide or replace them.
 RESERVED_MOUNT_PATHS = ("/", "/proc", "/sys", "/dev", "/opt/sandlot", "/run/sandlot",
-                        "/etc/hosts", "/etc/hostname")
+                        "/etc/hosts", "/etc/hostname", "/etc/resolv.conf")
 
 
 def _bad(code: str, message: str) -> InvalidRequest:
