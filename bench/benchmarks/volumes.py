@@ -40,7 +40,7 @@ def _rate(output: str, size_mib: int) -> float:
 
 async def _in_sandbox(sandbox: Sandbox, cmd: str) -> str:
     ex = await sandbox.commands.run(cmd)
-    return "".join(m.text for m in ex.logs.stdout) + "".join(m.text for m in ex.logs.stderr)
+    return "\n".join(m.text for m in [*ex.logs.stdout, *ex.logs.stderr])
 
 
 async def _io(sandbox: Sandbox, path: str, size: int, runs: int) -> tuple[list[float], ...]:

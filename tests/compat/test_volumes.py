@@ -51,8 +51,9 @@ async def _create(server: SandlotServer, **kw: object) -> Sandbox:
 
 async def _sh(sandbox: Sandbox, cmd: str) -> tuple[str, str]:
     ex = await sandbox.commands.run(cmd)
-    out = "".join(m.text for m in ex.logs.stdout)
-    err = "".join(m.text for m in ex.logs.stderr)
+    # one event per line of output (with or without its newline, by execd version)
+    out = "\n".join(m.text.rstrip("\n") for m in ex.logs.stdout)
+    err = "\n".join(m.text.rstrip("\n") for m in ex.logs.stderr)
     return out.strip(), err.strip()
 
 
