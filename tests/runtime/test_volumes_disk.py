@@ -17,7 +17,7 @@ from sandlot.config import Config
 from sandlot.errors import InvalidRequest, RuntimeFailure
 from sandlot.images.model import Image
 from sandlot.runtime.base import VolumeSpec
-from sandlot.runtime.oci import OciRuntime
+from sandlot.runtime.oci import OciRuntime, disklimit
 from sandlot.runtime.oci import mounts as m
 from sandlot.runtime.oci.pool import is_pool_id
 from tests.runtime.helpers import TEST_IMAGES, leftovers, runc_exec, spec, wait_ping
@@ -56,6 +56,10 @@ async def test_warm_pool_holds_the_default_cap(capped_rt: OciRuntime, rt_image: 
     await rt.pool.wait_full(rt_image.name)
     warm = rt.pool._ready[rt_image.name][0].container_id
     assert m.is_mounted(rt.paths(warm).rw)  # the warm container's layer is capped already
+    device = disklimit._source_of(rt.paths(warm).rw)
+    assert device is not None and device.startswith("/dev/loop")
+    dio = Path(f"/sys/block/{Path(device).name}/loop/dio").read_text().strip()
+    assert dio == "1"  # no second page-cache copy of the layer's blocks
     await rt.create(spec("dflt", rt_image, disk_bytes=CAP))
     assert rt.container_id("dflt") == warm  # served from the pool
     await rt.create(spec("other-size", rt_image, disk_bytes=2 * CAP))
