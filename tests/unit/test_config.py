@@ -151,3 +151,27 @@ def test_init_config_writes_a_loadable_private_file(tmp_path: Path) -> None:
     assert cfg.warnings() == [] and cfg.refusals() == []  # sandlot's own template: all honoured
     again = CliRunner().invoke(main, ["init-config", str(target)])
     assert again.exit_code != 0 and "exists" in again.output
+
+
+def test_storage_and_disk_keys_are_honoured(tmp_path: Path) -> None:
+    cfg = _load(tmp_path, '[runtime]\ndefault_ephemeral_storage = "2Gi"\n'
+                          '[storage]\nallowed_host_paths = ["/srv/a"]\n'
+                          'volume_default_size = "1Gi"\n')
+    assert cfg.storage.allowed_host_paths == ["/srv/a"]
+    assert cfg.runtime.default_ephemeral_storage == "2Gi"
+    warned = "\n".join(cfg.warnings())
+    assert "allowed_host_paths" not in warned and "default_ephemeral_storage" not in warned
+    assert "[storage] volume_default_size" in warned  # pvc sizes are not enforced
+    assert cfg.refusals() == []
+
+
+@pytest.mark.parametrize(("section", "match"), [
+    ({"runtime": {"default_ephemeral_storage": "1Mi"}}, "default_ephemeral_storage"),
+    ({"runtime": {"default_ephemeral_storage": "lots"}}, "default_ephemeral_storage"),
+    ({"storage": {"allowed_host_paths": ["/"]}}, "allowed_host_paths"),
+    ({"storage": {"allowed_host_paths": ["relative/dir"]}}, "allowed_host_paths"),
+])
+def test_bad_storage_values_refuse_the_start(section: dict[str, object], match: str) -> None:
+    cfg = Config.model_validate({"server": {"api_key": "k"}, **section})
+    with pytest.raises(StartupRefused, match=match):
+        check_config(cfg)

@@ -122,3 +122,15 @@ def test_nested_mount_paths_are_mounted_outer_first(tmp_path: Path) -> None:
     assert [m["destination"] for m in got] == ["/data", "/data/inner"]
     assert got[1]["options"] == ["bind", "ro", "nosuid", "nodev"]
     assert got[0]["source"] == str(tmp_path / "o")
+
+
+def test_the_data_dir_is_never_bound(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "sandboxes").mkdir(parents=True)
+    allowed = [str(tmp_path)]
+    for path in (data, data / "sandboxes", tmp_path):
+        with pytest.raises(InvalidRequest) as err:
+            check_volumes([_host(str(path))], allowed, data_dir=str(data))
+        assert err.value.code == "VOLUME::HOST_PATH_NOT_ALLOWED"
+        assert "data dir" in err.value.message
+    check_volumes([_host(str(tmp_path / "other"))], allowed, data_dir=str(data))

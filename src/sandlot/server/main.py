@@ -16,6 +16,7 @@ from sandlot.config import API_KEY_ENV, Config
 from sandlot.errors import SandlotError
 from sandlot.runtime.base import Runtime
 from sandlot.runtime.registry import runtime_class
+from sandlot.server.quantity import parse_ephemeral_storage
 
 log = logging.getLogger("sandlot.server")
 
@@ -46,6 +47,15 @@ def check_config(cfg: Config) -> None:
     if refusals:
         raise StartupRefused("the configuration asks for what this sandlot does not do:\n  "
                              + "\n  ".join(refusals))
+    if cfg.runtime.default_ephemeral_storage:
+        try:
+            parse_ephemeral_storage(cfg.runtime.default_ephemeral_storage)
+        except SandlotError as exc:
+            raise StartupRefused(f"[runtime] default_ephemeral_storage: {exc.message}") from exc
+    for prefix in cfg.storage.allowed_host_paths:
+        if not prefix.startswith("/") or prefix.rstrip("/") == "":
+            raise StartupRefused(f"[storage] allowed_host_paths: {prefix!r} must be an absolute "
+                                 "directory other than '/'")
     if cfg.network.mode == "host":
         raise StartupRefused(
             '[network] mode = "host" is not supported: each sandbox\'s execd listens on the '

@@ -36,6 +36,7 @@ def check_volumes(
     allowed_host_paths: list[str],
     supported_kinds: frozenset[str] = frozenset({"host", "pvc"}),
     runtime_name: str = "oci",
+    data_dir: str | None = None,
 ) -> None:
     """Raise ``InvalidRequest``/``Unsupported`` for the first volume that cannot be served.
 
@@ -73,7 +74,8 @@ def check_volumes(
             )
         backend = v[kind] if isinstance(v[kind], dict) else {}
         if kind == "host":
-            check_host_path(name, backend.get("path"), v.get("subPath"), allowed_host_paths)
+            check_host_path(name, backend.get("path"), v.get("subPath"), allowed_host_paths,
+                            data_dir)
         elif kind == "pvc":
             check_pvc(name, backend)
 
@@ -109,9 +111,14 @@ def _under(path: str, prefix: str) -> bool:
 
 
 def check_host_path(
-    name: str, path: Any, sub_path: str | None, allowed_host_paths: list[str]
+    name: str, path: Any, sub_path: str | None, allowed_host_paths: list[str],
+    data_dir: str | None = None,
 ) -> str:
-    """The host directory to bind (path + subPath), checked against the allow-list."""
+    """The host directory to bind (path + subPath), checked against the allow-list.
+
+    Never the server's data dir, nor anything in it or above it (its secret, the database and
+    every sandbox's files), whatever the allow-list says.
+    """
     if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
         raise _bad("INVALID_HOST_PATH", f"volume {name!r}: host path {path!r} must be an "
                                         "absolute path")
@@ -134,6 +141,12 @@ def check_host_path(
         raise _bad("HOST_PATH_NOT_ALLOWED",
                    f"volume {name!r}: host path {full!r} resolves to {resolved!r} (through a "
                    "symbolic link), which is not under an allowed prefix")
+    if data_dir is not None:
+        real_data = os.path.realpath(data_dir)
+        if _under(resolved, real_data) or _under(real_data, resolved):
+            raise _bad("HOST_PATH_NOT_ALLOWED",
+                       f"volume {name!r}: host path {full!r} holds or is inside the server's "
+                       "data dir (sandbox files and secrets), which is never bound")
     return full
 
 

@@ -144,8 +144,13 @@ class PvcStore:
         return data if isinstance(data, dict) else {}
 
 
-def _host_root(path: str, allowed: list[str]) -> tuple[str, str]:
+def _host_root(path: str, allowed: list[str], data_dir: Path) -> tuple[str, str]:
     """(resolved allowed prefix, the rest of ``path`` below it) for the first match."""
+    resolved, real_data = os.path.realpath(path), os.path.realpath(data_dir)
+    for a, b in ((resolved, real_data), (real_data, resolved)):
+        if a == b or a.startswith(b.rstrip("/") + "/"):
+            raise _bad("HOST_PATH_NOT_ALLOWED", f"host path {path!r} holds or is inside the "
+                                                "server's data dir, which is never bound")
     for prefix in allowed:
         real = os.path.realpath(prefix)
         resolved = os.path.realpath(path)
@@ -175,7 +180,7 @@ def stage(volumes: list[VolumeSpec], sandbox_root: Path, container_id: str,
     for v in volumes:
         sub = (v.sub_path or "").strip("/")
         if v.kind == "host":
-            root, rel = _host_root(v.source, allowed_host_paths)
+            root, rel = _host_root(v.source, allowed_host_paths, pvcs.root.parent)
             rel = os.path.join(rel, sub) if sub else rel
         elif v.kind == "pvc":
             root = str(pvcs.acquire(
