@@ -86,6 +86,8 @@ class SandboxSpec:
     volumes: list[VolumeSpec] = field(default_factory=list)
     network_policy: NetworkPolicy | None = None  # None = unrestricted (as upstream)
     extensions: dict[str, str] = field(default_factory=dict)
+    # Start from this snapshot's filesystem instead of ``image`` (runtimes with snapshots).
+    snapshot_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,17 @@ class Runtime(abc.ABC):
         reconciliation still finds them).
         """
         return None
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> None:
+        """Capture the sandbox's filesystem as snapshot ``snapshot_id``; it keeps running.
+
+        Only called when ``capabilities.snapshots``; blocks until the snapshot is usable.
+        """
+        raise NotImplementedError(f"the {self.name} runtime has no snapshots")
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove a snapshot's data (idempotent); ``Conflict`` while something uses it."""
+        raise NotImplementedError(f"the {self.name} runtime has no snapshots")
 
     async def close(self) -> None:
         """Release runtime resources at server shutdown. Sandboxes keep running."""

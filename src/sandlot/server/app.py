@@ -10,11 +10,13 @@ from fastapi import FastAPI
 from sandlot import __version__
 from sandlot.config import Config
 from sandlot.runtime.base import Runtime
-from sandlot.server.api import meta, networkpolicy, proxy, sandboxes, sdk_metrics
+from sandlot.server.api import meta, networkpolicy, proxy, sandboxes, sdk_metrics, snapshots_api
 from sandlot.server.auth import ApiKeyMiddleware
 from sandlot.server.errors import install_error_handlers
 from sandlot.server.service import SandboxService
+from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store import SandboxStore
+from sandlot.server.store.snapshots import SnapshotStore
 from sandlot.server.tokens import ExecdTokens, load_or_create_secret
 
 
@@ -30,12 +32,17 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
         tokens = ExecdTokens(load_or_create_secret(cfg.data_dir))
         store = await SandboxStore.open(cfg.store_url)
         service = SandboxService(cfg, runtime, store, tokens)
+        snapshots = SnapshotService(runtime, SnapshotStore(store.engine))
+        service.snapshots = snapshots
         app.state.service = service
+        app.state.snapshots = snapshots
         app.state.proxy_clients = proxy.ProxyClients(service)
         try:
+            await snapshots.start()
             await service.start()
             yield
         finally:
+            await snapshots.stop()
             await service.stop()
             await app.state.proxy_clients.close()
             await store.close()
@@ -51,6 +58,7 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
     install_error_handlers(app)
     app.include_router(meta.router)
     for prefix in ("/v1", ""):
+        app.include_router(snapshots_api.router, prefix=prefix)
         app.include_router(sandboxes.router, prefix=prefix)
         app.include_router(networkpolicy.router, prefix=prefix)
         app.include_router(proxy.router, prefix=prefix)

@@ -46,6 +46,7 @@ from sandlot.server.endpoints import EndpointForwarder
 from sandlot.server.expiry import ExpiryScheduler
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
 from sandlot.server.quantity import parse_cpu, parse_memory
+from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store import SandboxStore
 from sandlot.server.tokens import ExecdTokens
 
@@ -102,6 +103,7 @@ class SandboxService:
         # Called with a sandbox id once it is gone (e.g. to drop pooled proxy clients).
         self.terminate_hooks: list[Callable[[str], Awaitable[None]]] = []
         self._last_access_renewal: dict[str, float] = {}
+        self.snapshots: SnapshotService | None = None  # set by the app
 
     # ----- start-up and shutdown -------------------------------------------------------
 
@@ -192,14 +194,21 @@ class SandboxService:
         limits = dict(req.resource_limits)
         cpu = parse_cpu(limits["cpu"]) if "cpu" in limits else None
         memory = parse_memory(limits["memory"]) if "memory" in limits else None
-        assert req.image is not None
+        snapshot_id = req.snapshot_id
+        if snapshot_id is not None:
+            if self.snapshots is None:
+                raise Unsupported("snapshots are not supported by this server")
+            image_uri = self.snapshots.ready(snapshot_id).image_uri
+        else:
+            assert req.image is not None
+            image_uri = req.image.uri
         now = utcnow()
         rec = SandboxRecord(
             id=str(uuid.uuid4()),
             state=SandboxState.PENDING,
             reason="Provisioning",
             message="sandbox accepted; resolving image",
-            image_uri=req.image.uri,
+            image_uri=image_uri,
             entrypoint=list(req.entrypoint or KEEP_ALIVE),
             execd_token=None,  # derived from the server secret: see execd_token()
             created_at=now,
@@ -214,7 +223,7 @@ class SandboxService:
         )
         auth = (
             RegistryAuth(req.image.auth.username, req.image.auth.password)
-            if req.image.auth
+            if req.image is not None and req.image.auth
             else None
         )
         self._records[rec.id] = rec
@@ -223,7 +232,7 @@ class SandboxService:
         if wait <= 0:  # answered at once, as Pending: stored before the answer names it
             await self.store.save(rec)
         parts = {"env": dict(req.env), "cpu": cpu, "memory": memory, "auth": auth,
-                 "volumes": spec_parts.volume_specs(req.volumes)}
+                 "volumes": spec_parts.volume_specs(req.volumes), "snapshot_id": snapshot_id}
         task = asyncio.create_task(self._provision(rec, parts))
         self._provisioning[rec.id] = task
         task.add_done_callback(self._provisioned)
@@ -245,15 +254,12 @@ class SandboxService:
                 del self._provisioning[sid]
 
     def _check_create(self, req: CreateSandboxRequest) -> None:
-        if req.snapshot_id is not None:
-            raise Unsupported(
-                "creating a sandbox from a snapshot is not supported: this server does not "
-                "offer snapshots"
-            )
+        if req.snapshot_id is not None and req.image is not None:
+            raise InvalidRequest("give either image or snapshotId, not both")
         if req.template_id is not None:
             raise Unsupported("template (fsb) sandboxes are not supported by this server")
-        if req.image is None:
-            raise InvalidRequest("image.uri is required")
+        if req.image is None and req.snapshot_id is None:
+            raise InvalidRequest("image.uri (or snapshotId) is required")
         limit = self.cfg.server.max_sandbox_timeout_seconds
         if req.timeout is not None and limit is not None and req.timeout > limit:
             raise InvalidRequest(
@@ -323,6 +329,7 @@ class SandboxService:
                 volumes=parts["volumes"],
                 network_policy=spec_parts.network_policy(rec.network_policy),
                 extensions=dict(rec.extensions),
+                snapshot_id=parts["snapshot_id"],
             )
             created = await self.runtime.create(spec, progress)
             if not created.execd_ready:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -39,7 +40,7 @@ from sandlot.errors import (
     NotFound,
     RuntimeFailure,
 )
-from sandlot.images.model import Image, RegistryAuth
+from sandlot.images.model import Image, ImageConfig, RegistryAuth
 from sandlot.net.manager import NetworkManager
 from sandlot.runtime import execd_client
 from sandlot.runtime.base import (
@@ -57,6 +58,7 @@ from sandlot.runtime.oci import cgroups, claimops, mounts, netns, pool
 from sandlot.runtime.oci import spec as ocispec
 from sandlot.runtime.oci.layout import SandboxPaths, netns_name
 from sandlot.runtime.oci.runc import Runc
+from sandlot.runtime.oci.snapshots import SnapshotLayers
 
 log = logging.getLogger(__name__)
 _ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
@@ -123,8 +125,8 @@ class OciRuntime(Runtime):
         # A policy is enforced in mode "isolated" and trivially met in "none" (nothing
         # leaves the sandbox).
         self.capabilities = RuntimeCapabilities(
-            pause=True, isolation=Path(binary).name, platforms=frozenset({HOST_PLATFORM}),
-            network_policy=True,
+            pause=True, snapshots=True, isolation=Path(binary).name,
+            platforms=frozenset({HOST_PLATFORM}), network_policy=True,
         )
         self.runc = Runc(binary, data_dir / "runc")
         self.bundle = bundle
@@ -136,6 +138,7 @@ class OciRuntime(Runtime):
         self.pool = pool.WarmPool(warm_pool_size, list(warm_pool_images or []),
                                   self._make_warm, self._teardown)
         self._made_warm: set[str] = set()  # warm containers this instance started
+        self.snapshots = SnapshotLayers(data_dir / "snapshots")
         self._pool_lock_fd: int | None = None
         self.network = network  # set in mode "isolated"
 
@@ -227,7 +230,10 @@ class OciRuntime(Runtime):
         _check_id(spec.sandbox_id)
         if spec.volumes:
             raise InvalidRequest("volumes are not supported by the oci runtime yet")
-        image = await self.resolve_image(spec.image, progress)
+        if spec.snapshot_id is not None:
+            image = await asyncio.to_thread(self.snapshots.image, spec.snapshot_id)
+        else:
+            image = await self.resolve_image(spec.image, progress)
         if progress is not None:
             await progress("Starting", "starting the container")
         async with self._locks[spec.sandbox_id]:
@@ -235,6 +241,8 @@ class OciRuntime(Runtime):
             if (p.root.exists() or (self.runc.root / spec.sandbox_id).exists()
                     or self.claims.get(spec.sandbox_id)):
                 raise Conflict(f"sandbox {spec.sandbox_id} already exists")
+            if spec.snapshot_id is not None:  # before the container: delete sees the use
+                self.snapshots.add_user(spec.snapshot_id, spec.sandbox_id)
             warm = self.pool.take(image)
             if warm is not None and await self._claim(spec, image, warm):
                 return CreateResult(execd_ready=True)  # its execd has just answered the claim
@@ -243,6 +251,7 @@ class OciRuntime(Runtime):
             except BaseException as exc:
                 with contextlib.suppress(Exception):
                     await self._teardown(spec.sandbox_id)
+                self.snapshots.remove_user(spec.sandbox_id)
                 if isinstance(exc, RuntimeFailure | InvalidRequest):
                     raise
                 if isinstance(exc, Exception):
@@ -262,6 +271,11 @@ class OciRuntime(Runtime):
         (p.etc / "hosts").write_text(
             f"127.0.0.1\tlocalhost {host}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
         )
+        (p.root / "image.json").write_text(json.dumps({
+            "name": image.name, "id": image.id,
+            "lower_dirs": [str(d) for d in image.lower_dirs],
+            "config": dataclasses.asdict(image.config),
+        }))  # what a snapshot of this sandbox stands on
         ns = await netns.create_netns(netns_name(spec.sandbox_id))
         if self.network is not None:
             await self.network.setup(spec.sandbox_id, ns, None if pooled else spec.network_policy)
@@ -301,6 +315,7 @@ class OciRuntime(Runtime):
         async with self._locks[sandbox_id]:
             await self._teardown(self.container_id(sandbox_id))
             self.claims.remove(sandbox_id)  # only once the container is gone
+            self.snapshots.remove_user(sandbox_id)
         self._locks.pop(sandbox_id, None)
 
     async def _teardown(self, sandbox_id: str) -> None:
@@ -319,6 +334,48 @@ class OciRuntime(Runtime):
             shutil.rmtree(state_dir, ignore_errors=True)
         if p.root.exists():
             await asyncio.to_thread(shutil.rmtree, p.root)
+
+    # -- snapshots ----------------------------------------------------------------------
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> None:
+        """Freeze the sandbox (cgroup freezer, through runc), copy its upper dir, thaw it.
+
+        The copy is a new layer over the lower dirs the sandbox runs on (see
+        ``snapshots.py``); a paused sandbox is copied as it is and stays paused.
+        """
+        _check_id(sandbox_id)
+        async with self._locks[sandbox_id]:
+            info = await self.inspect(sandbox_id)
+            if info.state not in (ContainerState.RUNNING, ContainerState.PAUSED):
+                self._require_running(info)
+            cid = self.container_id(sandbox_id)
+            base = self._running_image(cid)
+            freeze = info.state == ContainerState.RUNNING
+            if freeze:
+                await self.runc.pause(cid)
+            try:
+                await asyncio.to_thread(self.snapshots.commit, snapshot_id,
+                                        SandboxPaths.of(self.data_dir, cid).upper, base,
+                                        self.snapshots.parent_of(base))
+            finally:
+                if freeze:
+                    await self.runc.resume(cid)
+
+    def _running_image(self, container_id: str) -> Image:
+        """The image a container runs (its lower dirs and config), from its bundle."""
+        p = SandboxPaths.of(self.data_dir, container_id)
+        try:
+            meta = json.loads((p.root / "image.json").read_text())
+        except FileNotFoundError:
+            raise RuntimeFailure(f"sandbox {container_id} was started by an older sandlot that "
+                                 "did not record its layers; it cannot be snapshotted") from None
+        return Image(name=meta["name"], id=meta["id"],
+                     lower_dirs=[Path(d) for d in meta["lower_dirs"]],
+                     config=ImageConfig(**meta["config"]))
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        live = await self.list_ids()
+        await asyncio.to_thread(self.snapshots.delete, snapshot_id, live)
 
     # -- state --------------------------------------------------------------------------
 

@@ -119,20 +119,7 @@ async def get_endpoint(
 
 # ----- features this server does not offer: explicit errors, not silent stubs ----------
 
-_NO_SNAPSHOTS = ("snapshots are not supported by this server (no runtime offers a snapshot "
-                 "store yet)")
 _NO_TEMPLATES = "templates (fsb golden images) are not supported by this server"
-
-
-@router.post("/sandboxes/{sandbox_id}/snapshots")
-async def create_snapshot(sandbox_id: str) -> None:
-    raise Unsupported(_NO_SNAPSHOTS)
-
-
-@router.api_route("/snapshots", methods=["GET"])
-@router.api_route("/snapshots/{snapshot_id}", methods=["GET", "DELETE"])
-async def snapshots(snapshot_id: str | None = None) -> None:
-    raise Unsupported(_NO_SNAPSHOTS)
 
 
 @router.api_route("/templates", methods=["GET", "POST"])

@@ -42,3 +42,18 @@ endpoints = Table(
     Column("port", Integer, primary_key=True),
     Column("host_port", Integer, nullable=False),
 )
+
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("sandbox_id", String(64), nullable=False),
+    Column("name", Text),
+    Column("state", String(32), nullable=False),
+    Column("reason", String(128)),
+    Column("message", Text),
+    Column("image_uri", Text, nullable=False),  # the source sandbox's image
+    Column("entrypoint", JSON, nullable=False),  # the source sandbox's entrypoint
+    Column("created_at", Float, nullable=False),
+    Column("last_transition_at", Float, nullable=False),
+)
