@@ -45,10 +45,10 @@ class SnapshotService:
         self._records: dict[str, SnapshotRecord] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def _require_support(self) -> None:
+    def require_support(self) -> None:
         if not self.runtime.capabilities.snapshots:
-            raise Unsupported(f"snapshots are not supported by the {self.runtime.name} runtime",
-                              code="SNAPSHOT::NOT_IMPLEMENTED")
+            raise Unsupported(f"snapshots are not supported by the {self.runtime.name} runtime "
+                              "(it has no snapshot store)")
 
     async def start(self) -> None:
         for rec in await self.store.load_all():
@@ -66,6 +66,7 @@ class SnapshotService:
     # ----- queries ---------------------------------------------------------------------
 
     def get(self, snapshot_id: str) -> SnapshotRecord:
+        self.require_support()
         rec = self._records.get(snapshot_id)
         if rec is None:
             raise _not_found(snapshot_id)
@@ -73,7 +74,7 @@ class SnapshotService:
 
     def ready(self, snapshot_id: str) -> SnapshotRecord:
         """The snapshot to create a sandbox from: 404 when unknown, 409 unless Ready."""
-        self._require_support()
+        self.require_support()
         rec = self.get(snapshot_id)
         if rec.state != SnapshotState.READY:
             raise Conflict(f"snapshot {snapshot_id} is {rec.state.value}, not Ready",
@@ -82,6 +83,7 @@ class SnapshotService:
 
     def search(self, sandbox_id: str | None, name: str | None, states: list[str] | None,
              page: int, page_size: int) -> SnapshotPage:
+        self.require_support()
         wanted = {s.lower() for s in states} if states else None
         items = [r for r in self._records.values()
                  if (sandbox_id is None or r.sandbox_id == sandbox_id)
@@ -96,7 +98,7 @@ class SnapshotService:
     async def create(self, sandbox_id: str, state: SandboxState, image_uri: str,
                      entrypoint: list[str], name: str | None) -> SnapshotRecord:
         """Accept a snapshot of a sandbox the caller found in ``state``; captured after."""
-        self._require_support()
+        self.require_support()
         if state != SandboxState.RUNNING:
             raise Conflict(f"sandbox {sandbox_id} is {state.value}; only a Running sandbox "
                            "can be snapshotted", code="SANDBOX_STATE_CONFLICT")
@@ -127,7 +129,7 @@ class SnapshotService:
             await self.store.save(rec)
 
     async def delete(self, snapshot_id: str) -> None:
-        self._require_support()
+        self.require_support()
         rec = self.get(snapshot_id)
         if rec.state == SnapshotState.CREATING:
             raise Conflict(f"snapshot {snapshot_id} is still being created and cannot be "

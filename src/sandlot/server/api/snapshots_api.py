@@ -43,6 +43,7 @@ async def create_snapshot(
     request: Request, sandbox_id: str,
     body: Annotated[CreateSnapshotRequest | None, Body()] = None,
 ) -> JSONResponse:
+    _snapshots(request).require_support()  # 501 before 404: the route itself is unsupported
     sandbox = request.app.state.service.get(sandbox_id)
     rec = await _snapshots(request).create(sandbox_id, sandbox.state, sandbox.image_uri,
                                            sandbox.entrypoint, body.name if body else None)
