@@ -97,6 +97,7 @@ class RuntimeCapabilities:
     pause: bool = True
     hibernate: bool = False
     snapshots: bool = False
+    pools: bool = False  # named pools of pre-started sandboxes (``ensure_pool``)
     volume_kinds: frozenset[str] = frozenset()
     gpu: bool = False
     network_policy: bool = False
@@ -199,6 +200,22 @@ class Runtime(abc.ABC):
         reconciliation still finds them).
         """
         return None
+
+    async def ensure_pool(self, name: str, image: ImageRef, size: int) -> None:
+        """Keep ``size`` pre-started sandboxes of ``image`` for creates naming pool ``name``.
+
+        Only called when ``capabilities.pools``. Resolves (pulls) the image, then returns;
+        the pool fills in the background. Calling it again changes the size.
+        """
+        raise NotImplementedError(f"the {self.name} runtime has no pools")
+
+    async def remove_pool(self, name: str) -> None:
+        """Stop keeping pool ``name`` and delete its unclaimed sandboxes (idempotent)."""
+        raise NotImplementedError(f"the {self.name} runtime has no pools")
+
+    def pool_ready(self, name: str) -> int:
+        """How many pre-started sandboxes pool ``name`` holds right now."""
+        return 0
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str) -> None:
         """Capture the sandbox's filesystem as snapshot ``snapshot_id``; it keeps running.

@@ -10,12 +10,22 @@ from fastapi import FastAPI
 from sandlot import __version__
 from sandlot.config import Config
 from sandlot.runtime.base import Runtime
-from sandlot.server.api import meta, networkpolicy, proxy, sandboxes, sdk_metrics, snapshots_api
+from sandlot.server.api import (
+    meta,
+    networkpolicy,
+    pools_api,
+    proxy,
+    sandboxes,
+    sdk_metrics,
+    snapshots_api,
+)
 from sandlot.server.auth import ApiKeyMiddleware
 from sandlot.server.errors import install_error_handlers
+from sandlot.server.pools import PoolService
 from sandlot.server.service import SandboxService
 from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store import SandboxStore
+from sandlot.server.store.pools import PoolStore
 from sandlot.server.store.snapshots import SnapshotStore
 from sandlot.server.tokens import ExecdTokens, load_or_create_secret
 
@@ -34,12 +44,16 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
         service = SandboxService(cfg, runtime, store, tokens)
         snapshots = SnapshotService(runtime, SnapshotStore(store.engine))
         service.snapshots = snapshots
+        pools = PoolService(runtime, PoolStore(store.engine), service.pool_allocated)
+        service.pools = pools
+        app.state.pools = pools
         app.state.service = service
         app.state.snapshots = snapshots
         app.state.proxy_clients = proxy.ProxyClients(service)
         try:
             await snapshots.start()
             await service.start()
+            await pools.start()
             yield
         finally:
             await snapshots.stop()
@@ -59,6 +73,7 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
     app.include_router(meta.router)
     for prefix in ("/v1", ""):
         app.include_router(snapshots_api.router, prefix=prefix)
+        app.include_router(pools_api.router, prefix=prefix)
         app.include_router(sandboxes.router, prefix=prefix)
         app.include_router(networkpolicy.router, prefix=prefix)
         app.include_router(proxy.router, prefix=prefix)

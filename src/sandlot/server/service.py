@@ -45,6 +45,7 @@ from sandlot.server.api.schemas import CreateSandboxRequest
 from sandlot.server.endpoints import EndpointForwarder
 from sandlot.server.expiry import ExpiryScheduler
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
+from sandlot.server.pools import POOL_REF, PoolService
 from sandlot.server.quantity import parse_cpu, parse_memory
 from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store import SandboxStore
@@ -104,6 +105,7 @@ class SandboxService:
         self.terminate_hooks: list[Callable[[str], Awaitable[None]]] = []
         self._last_access_renewal: dict[str, float] = {}
         self.snapshots: SnapshotService | None = None  # set by the app
+        self.pools: PoolService | None = None  # set by the app
 
     # ----- start-up and shutdown -------------------------------------------------------
 
@@ -166,6 +168,12 @@ class SandboxService:
     def records(self) -> list[SandboxRecord]:
         return list(self._records.values())
 
+    def pool_allocated(self, pool_name: str) -> int:
+        """Live sandboxes created naming pool ``pool_name``."""
+        return sum(1 for r in self._records.values()
+                   if r.extensions.get(POOL_REF) == pool_name
+                   and r.state not in (SandboxState.TERMINATED, SandboxState.FAILED))
+
     def list(
         self,
         states: list[str] | None,
@@ -192,6 +200,17 @@ class SandboxService:
         if req.network_policy is not None:
             parse_policy(req.network_policy)  # 400 naming the invalid rule
         limits = dict(req.resource_limits)
+        pool_name = req.extensions.get(POOL_REF) or None
+        pool_image = None
+        if pool_name is not None:
+            if self.pools is None:
+                raise Unsupported("pools are not supported by this server")
+            pool = self.pools.get(pool_name)  # 404 when unknown
+            pool_image = pool.image
+            if req.image is not None and req.image.uri != pool_image:
+                raise InvalidRequest(f"image {req.image.uri} differs from pool {pool_name}'s "
+                                     f"image {pool_image}: leave image out or give the same")
+            limits.update(pool.resource_limits)  # the pool's shape, whatever the request says
         cpu = parse_cpu(limits["cpu"]) if "cpu" in limits else None
         memory = parse_memory(limits["memory"]) if "memory" in limits else None
         snapshot_id = req.snapshot_id
@@ -199,6 +218,8 @@ class SandboxService:
             if self.snapshots is None:
                 raise Unsupported("snapshots are not supported by this server")
             image_uri = self.snapshots.ready(snapshot_id).image_uri
+        elif pool_image is not None:
+            image_uri = pool_image
         else:
             assert req.image is not None
             image_uri = req.image.uri
@@ -228,6 +249,8 @@ class SandboxService:
         )
         self._records[rec.id] = rec
         self.expiry.schedule(rec.id, rec.expires_at)
+        if pool_name is not None and self.pools is not None:
+            await self.pools.refill(pool_name)  # poolMax counts this sandbox now
         wait = self.cfg.server.create_wait_seconds
         if wait <= 0:  # answered at once, as Pending: stored before the answer names it
             await self.store.save(rec)
@@ -258,8 +281,11 @@ class SandboxService:
             raise InvalidRequest("give either image or snapshotId, not both")
         if req.template_id is not None:
             raise Unsupported("template (fsb) sandboxes are not supported by this server")
-        if req.image is None and req.snapshot_id is None:
-            raise InvalidRequest("image.uri (or snapshotId) is required")
+        pooled = bool(req.extensions.get(POOL_REF))
+        if pooled and req.snapshot_id is not None:
+            raise InvalidRequest("give either extensions.poolRef or snapshotId, not both")
+        if req.image is None and req.snapshot_id is None and not pooled:
+            raise InvalidRequest("image.uri (or snapshotId, or extensions.poolRef) is required")
         limit = self.cfg.server.max_sandbox_timeout_seconds
         if req.timeout is not None and limit is not None and req.timeout > limit:
             raise InvalidRequest(
@@ -429,6 +455,10 @@ class SandboxService:
         for hook in self.terminate_hooks:
             with contextlib.suppress(Exception):
                 await hook(rec.id)
+        pool_name = rec.extensions.get(POOL_REF)
+        if pool_name and self.pools is not None:
+            with contextlib.suppress(Exception):
+                await self.pools.refill(pool_name)  # room under poolMax again
 
     async def _expire(self, sandbox_id: str) -> None:
         rec = self._records.get(sandbox_id)

@@ -125,7 +125,7 @@ class OciRuntime(Runtime):
         # A policy is enforced in mode "isolated" and trivially met in "none" (nothing
         # leaves the sandbox).
         self.capabilities = RuntimeCapabilities(
-            pause=True, snapshots=True, isolation=Path(binary).name,
+            pause=True, snapshots=True, pools=True, isolation=Path(binary).name,
             platforms=frozenset({HOST_PLATFORM}), network_policy=True,
         )
         self.runc = Runc(binary, data_dir / "runc")
@@ -139,6 +139,8 @@ class OciRuntime(Runtime):
                                   self._make_warm, self._teardown)
         self._made_warm: set[str] = set()  # warm containers this instance started
         self.snapshots = SnapshotLayers(data_dir / "snapshots")
+        # Named pools (``/v1/pools``): pool name -> its warm pool and the image name it keeps.
+        self.named_pools: dict[str, tuple[pool.WarmPool, str]] = {}
         self._pool_lock_fd: int | None = None
         self.network = network  # set in mode "isolated"
 
@@ -243,7 +245,7 @@ class OciRuntime(Runtime):
                 raise Conflict(f"sandbox {spec.sandbox_id} already exists")
             if spec.snapshot_id is not None:  # before the container: delete sees the use
                 self.snapshots.add_user(spec.snapshot_id, spec.sandbox_id)
-            warm = self.pool.take(image)
+            warm = self._take_warm(spec, image)
             if warm is not None and await self._claim(spec, image, warm):
                 return CreateResult(execd_ready=True)  # its execd has just answered the claim
             try:
@@ -334,6 +336,42 @@ class OciRuntime(Runtime):
             shutil.rmtree(state_dir, ignore_errors=True)
         if p.root.exists():
             await asyncio.to_thread(shutil.rmtree, p.root)
+
+    # -- named pools --------------------------------------------------------------------
+
+    def _take_warm(self, spec: SandboxSpec, image: Image) -> pool.Warm | None:
+        """A warm container for ``spec``: from the pool it names first, then the server's."""
+        named = self.named_pools.get(spec.extensions.get("poolRef", ""))
+        warm = named[0].take(image) if named is not None else None
+        return warm if warm is not None else self.pool.take(image)
+
+    async def ensure_pool(self, name: str, image: ImageRef, size: int) -> None:
+        local = await self.resolve_image(image)
+        if self._pool_lock_fd is None:  # another process owns the data dir's pools
+            raise Conflict("this runtime does not own the data dir's pools (another server "
+                           "serves it)")
+        current = self.named_pools.get(name)
+        if current is not None and current[1] == local.name:
+            current[0].size = max(0, size)
+            current[0].prewarm(local)
+            return
+        if current is not None:
+            await self.remove_pool(name)
+        keeper = pool.WarmPool(size, [local.name], self._make_warm, self._teardown)
+        self.named_pools[name] = (keeper, local.name)
+        keeper.prewarm(local)
+
+    async def remove_pool(self, name: str) -> None:
+        entry = self.named_pools.pop(name, None)
+        if entry is None:
+            return
+        for cid in await entry[0].stop():
+            with contextlib.suppress(Exception):
+                await self._teardown(cid)
+
+    def pool_ready(self, name: str) -> int:
+        entry = self.named_pools.get(name)
+        return entry[0].ready_count(entry[1]) if entry is not None else 0
 
     # -- snapshots ----------------------------------------------------------------------
 
@@ -469,6 +507,8 @@ class OciRuntime(Runtime):
         self.pool.prewarm(local)
 
     async def drain_pool(self) -> None:
+        for name in list(self.named_pools):
+            await self.remove_pool(name)
         for cid in await self.pool.stop():
             with contextlib.suppress(Exception):
                 await self._teardown(cid)

@@ -25,11 +25,15 @@ def _v2_snapshots(conn: Connection) -> None:
     tables.snapshots.create(conn)
 
 
+def _v3_pools(conn: Connection) -> None:
+    tables.pools.create(conn)
+
+
 # Key of the PostgreSQL advisory lock held while migrating (any fixed 64-bit number).
 _PG_MIGRATION_LOCK = 0x53414E444C4F54  # "SANDLOT"
 
 # Append only. Index + 1 is the version number.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1_initial, _v2_snapshots]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1_initial, _v2_snapshots, _v3_pools]
 LATEST = len(MIGRATIONS)
 
 

@@ -57,3 +57,13 @@ snapshots = Table(
     Column("created_at", Float, nullable=False),
     Column("last_transition_at", Float, nullable=False),
 )
+
+pools = Table(
+    "pools",
+    metadata,
+    Column("name", String(253), primary_key=True),
+    Column("template", JSON, nullable=False),  # as given (a PodTemplateSpec subset)
+    Column("capacity", JSON, nullable=False),  # capacitySpec
+    Column("revision", Integer, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
