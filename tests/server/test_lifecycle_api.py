@@ -271,6 +271,14 @@ async def test_error_shapes(harness: Harness, client: httpx.AsyncClient) -> None
         assert r.status_code == 501 and "snapshot" in r.json()["message"]
         r = await client.get("/v1/snapshots")
         assert r.status_code == 501
+    r = await client.get("/v1/pools")
+    if harness.runtime.capabilities.pools:
+        assert r.status_code == 200 and r.json() == {"items": []}
+        r = await client.post("/v1/sandboxes", json={"extensions": {"poolRef": "none"},
+                                                     "entrypoint": ["x"]})
+        assert r.status_code == 404 and "pool" in r.json()["message"]
+    else:
+        assert r.status_code == 501 and "pools" in r.json()["message"]
     vols = [{"name": "v", "host": {"path": "/srv"}, "mountPath": "/d"}]
     r = await client.post("/v1/sandboxes", json={**BODY, "volumes": vols})
     assert r.status_code == 501 and "host volumes" in r.json()["message"]
