@@ -18,6 +18,7 @@ from sandlot.server.api import (
     sandboxes,
     sdk_metrics,
     snapshots_api,
+    templates_api,
 )
 from sandlot.server.auth import ApiKeyMiddleware
 from sandlot.server.errors import install_error_handlers
@@ -27,6 +28,8 @@ from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store import SandboxStore
 from sandlot.server.store.pools import PoolStore
 from sandlot.server.store.snapshots import SnapshotStore
+from sandlot.server.store.templates import TemplateStore
+from sandlot.server.templates import TemplateService
 from sandlot.server.tokens import ExecdTokens, load_or_create_secret
 
 
@@ -47,6 +50,9 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
         pools = PoolService(runtime, PoolStore(store.engine), service.pool_allocated)
         service.pools = pools
         app.state.pools = pools
+        templates = TemplateService(service, snapshots, TemplateStore(store.engine))
+        service.templates = templates
+        app.state.templates = templates
         app.state.service = service
         app.state.snapshots = snapshots
         app.state.proxy_clients = proxy.ProxyClients(service)
@@ -54,8 +60,10 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
             await snapshots.start()
             await service.start()
             await pools.start()
+            await templates.start()
             yield
         finally:
+            await templates.stop()
             await snapshots.stop()
             await service.stop()
             await app.state.proxy_clients.close()
@@ -74,6 +82,7 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
     for prefix in ("/v1", ""):
         app.include_router(snapshots_api.router, prefix=prefix)
         app.include_router(pools_api.router, prefix=prefix)
+        app.include_router(templates_api.router, prefix=prefix)
         app.include_router(sandboxes.router, prefix=prefix)
         app.include_router(networkpolicy.router, prefix=prefix)
         app.include_router(proxy.router, prefix=prefix)

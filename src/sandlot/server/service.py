@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandlot.config import Config
 from sandlot.errors import (
@@ -50,6 +50,9 @@ from sandlot.server.quantity import parse_cpu, parse_memory
 from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store import SandboxStore
 from sandlot.server.tokens import ExecdTokens
+
+if TYPE_CHECKING:
+    from sandlot.server.templates import TemplateService
 
 EXPIRY_RETRY = 30.0  # seconds before a failed expiry is tried again
 
@@ -106,6 +109,7 @@ class SandboxService:
         self._last_access_renewal: dict[str, float] = {}
         self.snapshots: SnapshotService | None = None  # set by the app
         self.pools: PoolService | None = None  # set by the app
+        self.templates: TemplateService | None = None  # set by the app
 
     # ----- start-up and shutdown -------------------------------------------------------
 
@@ -211,10 +215,16 @@ class SandboxService:
                 raise InvalidRequest(f"image {req.image.uri} differs from pool {pool_name}'s "
                                      f"image {pool_image}: leave image out or give the same")
             limits.update(pool.resource_limits)  # the pool's shape, whatever the request says
-        cpu = parse_cpu(limits["cpu"]) if "cpu" in limits else None
-        memory = parse_memory(limits["memory"]) if "memory" in limits else None
         snapshot_id = req.snapshot_id
-        if snapshot_id is not None:
+        env = dict(req.env)
+        if req.template_id is not None:
+            if self.templates is None:
+                raise Unsupported("templates are not supported by this server")
+            snapshot_id, template = self.templates.snapshot_for(req.template_id)
+            limits = {**template["resourceLimits"], **limits}
+            env = {**template["env"], **env}
+            image_uri = self.snapshots.ready(snapshot_id).image_uri if self.snapshots else ""
+        elif snapshot_id is not None:
             if self.snapshots is None:
                 raise Unsupported("snapshots are not supported by this server")
             image_uri = self.snapshots.ready(snapshot_id).image_uri
@@ -223,6 +233,8 @@ class SandboxService:
         else:
             assert req.image is not None
             image_uri = req.image.uri
+        cpu = parse_cpu(limits["cpu"]) if "cpu" in limits else None
+        memory = parse_memory(limits["memory"]) if "memory" in limits else None
         now = utcnow()
         rec = SandboxRecord(
             id=str(uuid.uuid4()),
@@ -254,7 +266,7 @@ class SandboxService:
         wait = self.cfg.server.create_wait_seconds
         if wait <= 0:  # answered at once, as Pending: stored before the answer names it
             await self.store.save(rec)
-        parts = {"env": dict(req.env), "cpu": cpu, "memory": memory, "auth": auth,
+        parts = {"env": env, "cpu": cpu, "memory": memory, "auth": auth,
                  "volumes": spec_parts.volume_specs(req.volumes), "snapshot_id": snapshot_id}
         task = asyncio.create_task(self._provision(rec, parts))
         self._provisioning[rec.id] = task
@@ -279,12 +291,13 @@ class SandboxService:
     def _check_create(self, req: CreateSandboxRequest) -> None:
         if req.snapshot_id is not None and req.image is not None:
             raise InvalidRequest("give either image or snapshotId, not both")
-        if req.template_id is not None:
-            raise Unsupported("template (fsb) sandboxes are not supported by this server")
+        if req.template_id is not None and (req.image is not None or req.snapshot_id is not None):
+            raise InvalidRequest("give one of image, snapshotId and templateId")
         pooled = bool(req.extensions.get(POOL_REF))
         if pooled and req.snapshot_id is not None:
             raise InvalidRequest("give either extensions.poolRef or snapshotId, not both")
-        if req.image is None and req.snapshot_id is None and not pooled:
+        if req.image is None and req.snapshot_id is None and req.template_id is None \
+                and not pooled:
             raise InvalidRequest("image.uri (or snapshotId, or extensions.poolRef) is required")
         limit = self.cfg.server.max_sandbox_timeout_seconds
         if req.timeout is not None and limit is not None and req.timeout > limit:

@@ -115,14 +115,3 @@ async def get_endpoint(
         raise Unsupported("signed endpoints (expires=...) are not supported by this server")
     authority = request.headers.get("host") or f"{request.url.hostname}:{request.url.port}"
     return await _svc(request).endpoint(sandbox_id, port, use_server_proxy, authority)
-
-
-# ----- features this server does not offer: explicit errors, not silent stubs ----------
-
-_NO_TEMPLATES = "templates (fsb golden images) are not supported by this server"
-
-
-@router.api_route("/templates", methods=["GET", "POST"])
-@router.api_route("/templates/{template_id}", methods=["GET", "DELETE"])
-async def templates(template_id: str | None = None) -> None:
-    raise Unsupported(_NO_TEMPLATES)

@@ -67,3 +67,10 @@ pools = Table(
     Column("revision", Integer, nullable=False),
     Column("created_at", Float, nullable=False),
 )
+
+templates = Table(
+    "templates",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("record", JSON, nullable=False),  # the whole TemplateRecord (small, read at start)
+)
