@@ -48,7 +48,7 @@ async def test_template_build_use_and_failure(sandlot_server: SandlotServer) -> 
                                             ready_timeout=timedelta(seconds=90),
                                             connection_config=server.sdk_config())
     ex = await sb.commands.run("python3 /opt/tool/run.py; cat /opt/tool/flavour; echo $FLAVOUR")
-    assert "".join(m.text for m in ex.logs.stdout).split() == ["42", "mint", "mint"]
+    assert [m.text.strip() for m in ex.logs.stdout] == ["42", "mint", "mint"]
     with pytest.raises(SandboxException):  # its snapshot is in use by sb
         await manager.delete_template(tpl.template_id)
     await manager.kill_sandbox(sb.id)
