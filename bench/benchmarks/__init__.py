@@ -13,6 +13,7 @@ from bench.benchmarks import (
     files,
     network,
     proxy,
+    state,
 )
 from bench.env import BenchEnv
 from bench.results import Row
@@ -27,6 +28,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "proxy": proxy.run,
     "network": network.run,
     "docker": docker_backend.run,
+    "state": state.run,
     "density": density.run,
 }
 
@@ -39,5 +41,6 @@ EXPECTED_KEYS: dict[str, tuple[str, ...]] = {
     "proxy": proxy.KEYS,
     "network": network.KEYS,
     "docker": docker_backend.KEYS,
+    "state": state.KEYS,
     "density": density.KEYS,
 }
