@@ -35,7 +35,7 @@ def test_osb_snapshot_and_template_commands(sandlot_server: SandlotServer) -> No
                   "--publish", "local", "--entrypoint", "sh", "--entrypoint", "-c",
                   "--entrypoint", "echo from-osb > /workspace/osb.txt")
     assert isinstance(tpl, dict)
-    tpl_id = tpl.get("template_id") or tpl_id
+    tpl_id = tpl.get("template_id") or tpl["templateId"]
     built = _poll(server, ("template", "get", tpl_id), "phase",
                   {"Succeeded", "Failed"})
     assert built["status"]["phase"] == "Succeeded", built

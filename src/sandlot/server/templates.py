@@ -176,7 +176,7 @@ class TemplateService:
 
     async def _start_sandbox(self, rec: dict[str, Any]) -> str:
         body: dict[str, Any] = {
-            "entrypoint": ["tail", "-f", "/dev/null"], "timeout": int(BUILD_TIMEOUT) + 600,
+            "entrypoint": ["tail", "-f", "/dev/null"], "timeout": self._build_lifetime(),
             "resourceLimits": rec["resourceLimits"], "env": rec["env"],
             "metadata": {"sandlot.template-build": rec["templateId"]},
         }
@@ -190,6 +190,12 @@ class TemplateService:
         if sandbox.state != SandboxState.RUNNING:
             raise RuntimeError(f"the build sandbox did not start: {sandbox.message}")
         return sandbox.id
+
+    def _build_lifetime(self) -> int:
+        """Seconds the build sandbox may live: the build's budget, within the server's cap."""
+        wanted = int(BUILD_TIMEOUT) + 600
+        cap = self.sandboxes.cfg.server.max_sandbox_timeout_seconds
+        return max(60, min(wanted, cap)) if cap is not None else wanted
 
     async def _run(self, rec: dict[str, Any], sandbox_id: str, what: str,
                    argv: list[str]) -> None:
