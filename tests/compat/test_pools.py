@@ -40,14 +40,19 @@ def claimed(server: SandlotServer, sid: str) -> bool:
     return (server.data_dir / "pool" / "claims" / sid).exists()
 
 
-def memory_max(server: SandlotServer, c: httpx.Client, sid: str) -> str:
+def run_text(c: httpx.Client, sid: str, command: str) -> str:
+    """The raw event stream of ``command`` run through the sandbox's execd endpoint."""
     ep = c.get(f"/v1/sandboxes/{sid}/endpoints/44772").json()
     with httpx.Client(base_url=f"http://{ep['endpoint']}", headers=ep["headers"],
                       timeout=30) as d:
-        r = d.post("/command", json={"command": "cat /sys/fs/cgroup/memory.max "
-                                     "/sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null"})
+        r = d.post("/command", json={"command": command})
         assert r.status_code == 200
         return r.text
+
+
+def memory_max(server: SandlotServer, c: httpx.Client, sid: str) -> str:
+    return run_text(c, sid, "cat /sys/fs/cgroup/memory.max "
+                    "/sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null")
 
 
 async def test_pool_serves_refills_and_survives_restart(fresh_server: SandlotServer) -> None:

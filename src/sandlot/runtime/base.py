@@ -201,8 +201,10 @@ class Runtime(abc.ABC):
         """
         return None
 
-    async def ensure_pool(self, name: str, image: ImageRef, size: int) -> None:
-        """Keep ``size`` pre-started sandboxes of ``image`` for creates naming pool ``name``.
+    async def ensure_pool(self, name: str, image: ImageRef, size: int,
+                          snapshot_id: str | None = None) -> None:
+        """Keep ``size`` pre-started sandboxes of ``image`` (or of snapshot ``snapshot_id``)
+        for creates naming pool ``name``.
 
         Only called when ``capabilities.pools``. Resolves (pulls) the image, then returns;
         the pool fills in the background. Calling it again changes the size.

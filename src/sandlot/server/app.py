@@ -53,14 +53,21 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
         templates = TemplateService(service, snapshots, TemplateStore(store.engine))
         service.templates = templates
         app.state.templates = templates
+
+        def pool_snapshot(kind: str, ref: str) -> str:
+            if kind == "template":
+                return templates.snapshot_for(ref)[0]
+            return snapshots.ready(ref).id
+
+        pools.snapshot_of = pool_snapshot
         app.state.service = service
         app.state.snapshots = snapshots
         app.state.proxy_clients = proxy.ProxyClients(service)
         try:
             await snapshots.start()
             await service.start()
+            await templates.start()  # before the pools: a pool may start from a template
             await pools.start()
-            await templates.start()
             yield
         finally:
             await templates.stop()

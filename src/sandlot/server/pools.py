@@ -50,6 +50,8 @@ class PoolService:
         self.store = store
         self._allocated = allocated  # live sandboxes created naming the pool
         self._records: dict[str, PoolRecord] = {}
+        # (kind, id) -> snapshot id of a Ready snapshot / Succeeded template (set by the app).
+        self.snapshot_of: Callable[[str, str], str] | None = None
 
     def require_support(self) -> None:
         if not self.runtime.capabilities.pools:
@@ -66,8 +68,19 @@ class PoolService:
 
     async def _keep(self, rec: PoolRecord) -> None:
         room = rec.capacity["poolMax"] - self._allocated(rec.name)
+        snapshot_id = self.source_snapshot(rec)
         await self.runtime.ensure_pool(rec.name, ImageRef(rec.image),
-                                       max(0, min(rec.size, room)))
+                                       max(0, min(rec.size, room)), snapshot_id=snapshot_id)
+
+    def source_snapshot(self, rec: PoolRecord) -> str | None:
+        """The snapshot a pool's sandboxes start on (image ``snapshot:<id>`` or
+        ``template:<id>``), None for a plain image."""
+        kind, sep, ref = rec.image.partition(":")
+        if sep and kind == "snapshot" and self.snapshot_of is not None:
+            return self.snapshot_of("snapshot", ref)
+        if sep and kind == "template" and self.snapshot_of is not None:
+            return self.snapshot_of("template", ref)
+        return None
 
     def get(self, name: str) -> PoolRecord:
         self.require_support()

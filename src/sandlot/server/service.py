@@ -211,7 +211,18 @@ class SandboxService:
                 raise Unsupported("pools are not supported by this server")
             pool = self.pools.get(pool_name)  # 404 when unknown
             pool_image = pool.image
-            if req.image is not None and req.image.uri != pool_image:
+            pool_source = pool_image.partition(":")[0]
+            if pool_source in ("snapshot", "template") and ":" in pool_image:
+                if req.image is not None or req.snapshot_id or req.template_id:
+                    raise InvalidRequest(f"pool {pool_name} starts from {pool_image}: give "
+                                         "no image, snapshotId or templateId with it")
+                ref = pool_image.partition(":")[2]
+                if pool_source == "snapshot":
+                    req = req.model_copy(update={"snapshot_id": ref})
+                else:
+                    req = req.model_copy(update={"template_id": ref})
+                pool_image = None
+            elif req.image is not None and req.image.uri != pool_image:
                 raise InvalidRequest(f"image {req.image.uri} differs from pool {pool_name}'s "
                                      f"image {pool_image}: leave image out or give the same")
             limits.update(pool.resource_limits)  # the pool's shape, whatever the request says

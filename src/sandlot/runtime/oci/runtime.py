@@ -345,8 +345,12 @@ class OciRuntime(Runtime):
         warm = named[0].take(image) if named is not None else None
         return warm if warm is not None else self.pool.take(image)
 
-    async def ensure_pool(self, name: str, image: ImageRef, size: int) -> None:
-        local = await self.resolve_image(image)
+    async def ensure_pool(self, name: str, image: ImageRef, size: int,
+                          snapshot_id: str | None = None) -> None:
+        if snapshot_id is not None:
+            local = await asyncio.to_thread(self.snapshots.image, snapshot_id)
+        else:
+            local = await self.resolve_image(image)
         if self._pool_lock_fd is None:  # another process owns the data dir's pools
             raise Conflict("this runtime does not own the data dir's pools (another server "
                            "serves it)")
@@ -412,6 +416,11 @@ class OciRuntime(Runtime):
                      config=ImageConfig(**meta["config"]))
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
+        pools = sorted(n for n, (_, image) in self.named_pools.items()
+                       if image == f"snapshot/{snapshot_id}")
+        if pools:
+            raise Conflict(f"snapshot {snapshot_id} is in use by pool {', '.join(pools)}; "
+                           "delete the pool first", code="SNAPSHOT::IN_USE")
         live = await self.list_ids()
         await asyncio.to_thread(self.snapshots.delete, snapshot_id, live)
 
