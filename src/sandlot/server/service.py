@@ -273,7 +273,10 @@ class SandboxService:
         self._records[rec.id] = rec
         self.expiry.schedule(rec.id, rec.expires_at)
         if pool_name is not None and self.pools is not None:
-            await self.pools.refill(pool_name)  # poolMax counts this sandbox now
+            try:
+                await self.pools.refill(pool_name)  # poolMax counts this sandbox now
+            except Exception:  # noqa: BLE001 - the pool is an optimisation; the create goes on
+                log.warning("re-sizing pool %s failed", pool_name, exc_info=True)
         wait = self.cfg.server.create_wait_seconds
         if wait <= 0:  # answered at once, as Pending: stored before the answer names it
             await self.store.save(rec)
