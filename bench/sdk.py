@@ -82,7 +82,7 @@ class Sandboxes:
             with contextlib.suppress(Exception):
                 await transport.aclose()
 
-    async def create(self, image: str = "base", *, ready_timeout: float = 60.0,
+    async def create(self, image: str | None = "base", *, ready_timeout: float = 60.0,
                      proxy: bool = False, per_sandbox_transport: bool = False,
                      **kwargs: Any) -> tuple[Sandbox, float]:
         """Create and wait until execd answers ``/ping``; (sandbox, seconds)."""

@@ -14,6 +14,7 @@ from bench.benchmarks import (
     network,
     proxy,
     volumes,
+    state,
 )
 from bench.env import BenchEnv
 from bench.results import Row
@@ -29,6 +30,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "network": network.run,
     "docker": docker_backend.run,
     "volumes": volumes.run,
+    "state": state.run,
     "density": density.run,
 }
 
@@ -42,5 +44,6 @@ EXPECTED_KEYS: dict[str, tuple[str, ...]] = {
     "network": network.KEYS,
     "docker": docker_backend.KEYS,
     "volumes": volumes.KEYS,
+    "state": state.KEYS,
     "density": density.KEYS,
 }

@@ -253,11 +253,32 @@ async def test_error_shapes(harness: Harness, client: httpx.AsyncClient) -> None
     r = await client.post("/v1/sandboxes", json={**BODY, "entrypoint": []})
     assert r.status_code == 422
     r = await client.post("/v1/sandboxes", json={"snapshotId": "snap-1"})
-    assert r.status_code == 501 and r.json()["code"] == "NOT_SUPPORTED"
-    r = await client.post("/v1/sandboxes/x/snapshots", json={})
-    assert r.status_code == 501 and "snapshot" in r.json()["message"]
-    r = await client.get("/v1/snapshots")
-    assert r.status_code == 501
+    if harness.runtime.capabilities.snapshots:
+        assert r.status_code == 404 and r.json()["code"] == "SNAPSHOT::NOT_FOUND"
+        r = await client.post("/v1/sandboxes/x/snapshots", json={})
+        assert r.status_code == 404 and r.json()["code"] == "SANDBOX_NOT_FOUND"
+        r = await client.post("/v1/sandboxes/x/snapshots", json={"name": ""})
+        assert r.status_code == 422
+        r = await client.get("/v1/snapshots", params={"state": "Ready"})
+        assert r.status_code == 200 and r.json()["items"] == []
+        r = await client.delete("/v1/snapshots/snap-1")
+        assert r.status_code == 404 and r.json()["code"] == "SNAPSHOT::NOT_FOUND"
+        r = await client.post("/v1/sandboxes", json={**BODY, "snapshotId": "snap-1"})
+        assert r.status_code == 400 and "snapshotId" in r.json()["message"]
+    else:
+        assert r.status_code == 501 and r.json()["code"] == "NOT_SUPPORTED"
+        r = await client.post("/v1/sandboxes/x/snapshots", json={})
+        assert r.status_code == 501 and "snapshot" in r.json()["message"]
+        r = await client.get("/v1/snapshots")
+        assert r.status_code == 501
+    r = await client.get("/v1/pools")
+    if harness.runtime.capabilities.pools:
+        assert r.status_code == 200 and r.json() == {"items": []}
+        r = await client.post("/v1/sandboxes", json={"extensions": {"poolRef": "none"},
+                                                     "entrypoint": ["x"]})
+        assert r.status_code == 404 and "pool" in r.json()["message"]
+    else:
+        assert r.status_code == 501 and "pools" in r.json()["message"]
     vols = [{"name": "v", "host": {"path": "/srv"}, "mountPath": "/d"}]
     r = await client.post("/v1/sandboxes", json={**BODY, "volumes": vols})
     if "host" in harness.runtime.capabilities.volume_kinds:

@@ -87,6 +87,8 @@ class SandboxSpec:
     volumes: list[VolumeSpec] = field(default_factory=list)
     network_policy: NetworkPolicy | None = None  # None = unrestricted (as upstream)
     extensions: dict[str, str] = field(default_factory=dict)
+    # Start from this snapshot's filesystem instead of ``image`` (runtimes with snapshots).
+    snapshot_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class RuntimeCapabilities:
     pause: bool = True
     hibernate: bool = False
     snapshots: bool = False
+    pools: bool = False  # named pools of pre-started sandboxes (``ensure_pool``)
     volume_kinds: frozenset[str] = frozenset()
     disk_limit: bool = False  # enforces SandboxSpec.disk_bytes (resourceLimits ephemeral-storage)
     gpu: bool = False
@@ -207,6 +210,35 @@ class Runtime(abc.ABC):
         reconciliation still finds them).
         """
         return None
+
+    async def ensure_pool(self, name: str, image: ImageRef, size: int,
+                          snapshot_id: str | None = None) -> None:
+        """Keep ``size`` pre-started sandboxes of ``image`` (or of snapshot ``snapshot_id``)
+        for creates naming pool ``name``.
+
+        Only called when ``capabilities.pools``. Resolves (pulls) the image, then returns;
+        the pool fills in the background. Calling it again changes the size.
+        """
+        raise NotImplementedError(f"the {self.name} runtime has no pools")
+
+    async def remove_pool(self, name: str) -> None:
+        """Stop keeping pool ``name`` and delete its unclaimed sandboxes (idempotent)."""
+        raise NotImplementedError(f"the {self.name} runtime has no pools")
+
+    def pool_ready(self, name: str) -> int:
+        """How many pre-started sandboxes pool ``name`` holds right now."""
+        return 0
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> None:
+        """Capture the sandbox's filesystem as snapshot ``snapshot_id``; it keeps running.
+
+        Only called when ``capabilities.snapshots``; blocks until the snapshot is usable.
+        """
+        raise NotImplementedError(f"the {self.name} runtime has no snapshots")
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove a snapshot's data (idempotent); ``Conflict`` while something uses it."""
+        raise NotImplementedError(f"the {self.name} runtime has no snapshots")
 
     async def close(self) -> None:
         """Release runtime resources at server shutdown. Sandboxes keep running."""

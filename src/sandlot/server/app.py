@@ -10,11 +10,26 @@ from fastapi import FastAPI
 from sandlot import __version__
 from sandlot.config import Config
 from sandlot.runtime.base import Runtime
-from sandlot.server.api import meta, networkpolicy, proxy, sandboxes, sdk_metrics
+from sandlot.server.api import (
+    meta,
+    networkpolicy,
+    pools_api,
+    proxy,
+    sandboxes,
+    sdk_metrics,
+    snapshots_api,
+    templates_api,
+)
 from sandlot.server.auth import ApiKeyMiddleware
 from sandlot.server.errors import install_error_handlers
+from sandlot.server.pools import PoolService
 from sandlot.server.service import SandboxService
+from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store import SandboxStore
+from sandlot.server.store.pools import PoolStore
+from sandlot.server.store.snapshots import SnapshotStore
+from sandlot.server.store.templates import TemplateStore
+from sandlot.server.templates import TemplateService
 from sandlot.server.tokens import ExecdTokens, load_or_create_secret
 
 
@@ -30,12 +45,33 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
         tokens = ExecdTokens(load_or_create_secret(cfg.data_dir))
         store = await SandboxStore.open(cfg.store_url)
         service = SandboxService(cfg, runtime, store, tokens)
+        snapshots = SnapshotService(runtime, SnapshotStore(store.engine))
+        service.snapshots = snapshots
+        pools = PoolService(runtime, PoolStore(store.engine), service.pool_allocated)
+        service.pools = pools
+        app.state.pools = pools
+        templates = TemplateService(service, snapshots, TemplateStore(store.engine))
+        service.templates = templates
+        app.state.templates = templates
+
+        def pool_snapshot(kind: str, ref: str) -> str:
+            if kind == "template":
+                return templates.snapshot_for(ref)[0]
+            return snapshots.ready(ref).id
+
+        pools.snapshot_of = pool_snapshot
         app.state.service = service
+        app.state.snapshots = snapshots
         app.state.proxy_clients = proxy.ProxyClients(service)
         try:
+            await snapshots.start()
             await service.start()
+            await templates.start()  # before the pools: a pool may start from a template
+            await pools.start()
             yield
         finally:
+            await templates.stop()
+            await snapshots.stop()
             await service.stop()
             await app.state.proxy_clients.close()
             await store.close()
@@ -51,6 +87,9 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
     install_error_handlers(app)
     app.include_router(meta.router)
     for prefix in ("/v1", ""):
+        app.include_router(snapshots_api.router, prefix=prefix)
+        app.include_router(pools_api.router, prefix=prefix)
+        app.include_router(templates_api.router, prefix=prefix)
         app.include_router(sandboxes.router, prefix=prefix)
         app.include_router(networkpolicy.router, prefix=prefix)
         app.include_router(proxy.router, prefix=prefix)

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandlot.config import Config
 from sandlot.errors import (
@@ -45,10 +45,15 @@ from sandlot.server.api.schemas import CreateSandboxRequest
 from sandlot.server.endpoints import EndpointForwarder
 from sandlot.server.expiry import ExpiryScheduler
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
+from sandlot.server.pools import POOL_REF, PoolService
 from sandlot.server.quantity import parse_cpu, parse_ephemeral_storage, parse_memory
+from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store import SandboxStore
 from sandlot.server.tokens import ExecdTokens
 from sandlot.server.volume_checks import check_volumes
+
+if TYPE_CHECKING:
+    from sandlot.server.templates import TemplateService
 
 EXPIRY_RETRY = 30.0  # seconds before a failed expiry is tried again
 
@@ -103,6 +108,9 @@ class SandboxService:
         # Called with a sandbox id once it is gone (e.g. to drop pooled proxy clients).
         self.terminate_hooks: list[Callable[[str], Awaitable[None]]] = []
         self._last_access_renewal: dict[str, float] = {}
+        self.snapshots: SnapshotService | None = None  # set by the app
+        self.pools: PoolService | None = None  # set by the app
+        self.templates: TemplateService | None = None  # set by the app
 
     # ----- start-up and shutdown -------------------------------------------------------
 
@@ -165,6 +173,12 @@ class SandboxService:
     def records(self) -> list[SandboxRecord]:
         return list(self._records.values())
 
+    def pool_allocated(self, pool_name: str) -> int:
+        """Live sandboxes created naming pool ``pool_name``."""
+        return sum(1 for r in self._records.values()
+                   if r.extensions.get(POOL_REF) == pool_name
+                   and r.state not in (SandboxState.TERMINATED, SandboxState.FAILED))
+
     def list(
         self,
         states: list[str] | None,
@@ -191,19 +205,58 @@ class SandboxService:
         if req.network_policy is not None:
             parse_policy(req.network_policy)  # 400 naming the invalid rule
         limits = dict(req.resource_limits)
+        pool_name = req.extensions.get(POOL_REF) or None
+        pool_image = None
+        if pool_name is not None:
+            if self.pools is None:
+                raise Unsupported("pools are not supported by this server")
+            pool = self.pools.get(pool_name)  # 404 when unknown
+            pool_image = pool.image
+            pool_source = pool_image.partition(":")[0]
+            if pool_source in ("snapshot", "template") and ":" in pool_image:
+                if req.image is not None or req.snapshot_id or req.template_id:
+                    raise InvalidRequest(f"pool {pool_name} starts from {pool_image}: give "
+                                         "no image, snapshotId or templateId with it")
+                ref = pool_image.partition(":")[2]
+                if pool_source == "snapshot":
+                    req = req.model_copy(update={"snapshot_id": ref})
+                else:
+                    req = req.model_copy(update={"template_id": ref})
+                pool_image = None
+            elif req.image is not None and req.image.uri != pool_image:
+                raise InvalidRequest(f"image {req.image.uri} differs from pool {pool_name}'s "
+                                     f"image {pool_image}: leave image out or give the same")
+            limits.update(pool.resource_limits)  # the pool's shape, whatever the request says
+        snapshot_id = req.snapshot_id
+        env = dict(req.env)
+        if req.template_id is not None:
+            if self.templates is None:
+                raise Unsupported("templates are not supported by this server")
+            snapshot_id, template = self.templates.snapshot_for(req.template_id)
+            limits = {**template["resourceLimits"], **limits}
+            env = {**template["env"], **env}
+            image_uri = self.snapshots.ready(snapshot_id).image_uri if self.snapshots else ""
+        elif snapshot_id is not None:
+            if self.snapshots is None:
+                raise Unsupported("snapshots are not supported by this server")
+            image_uri = self.snapshots.ready(snapshot_id).image_uri
+        elif pool_image is not None:
+            image_uri = pool_image
+        else:
+            assert req.image is not None
+            image_uri = req.image.uri
         cpu = parse_cpu(limits["cpu"]) if "cpu" in limits else None
         memory = parse_memory(limits["memory"]) if "memory" in limits else None
         disk = self._disk_bytes(limits)
         volumes = spec_parts.volume_specs(req.volumes)
         await self.runtime.check_volumes(volumes)
-        assert req.image is not None
         now = utcnow()
         rec = SandboxRecord(
             id=str(uuid.uuid4()),
             state=SandboxState.PENDING,
             reason="Provisioning",
             message="sandbox accepted; resolving image",
-            image_uri=req.image.uri,
+            image_uri=image_uri,
             entrypoint=list(req.entrypoint or KEEP_ALIVE),
             execd_token=None,  # derived from the server secret: see execd_token()
             created_at=now,
@@ -218,16 +271,21 @@ class SandboxService:
         )
         auth = (
             RegistryAuth(req.image.auth.username, req.image.auth.password)
-            if req.image.auth
+            if req.image is not None and req.image.auth
             else None
         )
         self._records[rec.id] = rec
         self.expiry.schedule(rec.id, rec.expires_at)
+        if pool_name is not None and self.pools is not None:
+            try:
+                await self.pools.refill(pool_name)  # poolMax counts this sandbox now
+            except Exception:  # noqa: BLE001 - the pool is an optimisation; the create goes on
+                log.warning("re-sizing pool %s failed", pool_name, exc_info=True)
         wait = self.cfg.server.create_wait_seconds
         if wait <= 0:  # answered at once, as Pending: stored before the answer names it
             await self.store.save(rec)
-        parts = {"env": dict(req.env), "cpu": cpu, "memory": memory, "disk": disk,
-                 "auth": auth, "volumes": volumes}
+        parts = {"env": env, "cpu": cpu, "memory": memory, "disk": disk, "auth": auth,
+                 "volumes": volumes, "snapshot_id": snapshot_id}
         task = asyncio.create_task(self._provision(rec, parts))
         self._provisioning[rec.id] = task
         task.add_done_callback(self._provisioned)
@@ -259,15 +317,16 @@ class SandboxService:
                 del self._provisioning[sid]
 
     def _check_create(self, req: CreateSandboxRequest) -> None:
-        if req.snapshot_id is not None:
-            raise Unsupported(
-                "creating a sandbox from a snapshot is not supported: this server does not "
-                "offer snapshots"
-            )
-        if req.template_id is not None:
-            raise Unsupported("template (fsb) sandboxes are not supported by this server")
-        if req.image is None:
-            raise InvalidRequest("image.uri is required")
+        if req.snapshot_id is not None and req.image is not None:
+            raise InvalidRequest("give either image or snapshotId, not both")
+        if req.template_id is not None and (req.image is not None or req.snapshot_id is not None):
+            raise InvalidRequest("give one of image, snapshotId and templateId")
+        pooled = bool(req.extensions.get(POOL_REF))
+        if pooled and req.snapshot_id is not None:
+            raise InvalidRequest("give either extensions.poolRef or snapshotId, not both")
+        if req.image is None and req.snapshot_id is None and req.template_id is None \
+                and not pooled:
+            raise InvalidRequest("image.uri (or snapshotId, or extensions.poolRef) is required")
         limit = self.cfg.server.max_sandbox_timeout_seconds
         if req.timeout is not None and limit is not None and req.timeout > limit:
             raise InvalidRequest(
@@ -332,6 +391,7 @@ class SandboxService:
                 volumes=parts["volumes"],
                 network_policy=spec_parts.network_policy(rec.network_policy),
                 extensions=dict(rec.extensions),
+                snapshot_id=parts["snapshot_id"],
             )
             created = await self.runtime.create(spec, progress)
             if not created.execd_ready:
@@ -431,6 +491,10 @@ class SandboxService:
         for hook in self.terminate_hooks:
             with contextlib.suppress(Exception):
                 await hook(rec.id)
+        pool_name = rec.extensions.get(POOL_REF)
+        if pool_name and self.pools is not None:
+            with contextlib.suppress(Exception):
+                await self.pools.refill(pool_name)  # room under poolMax again
 
     async def _expire(self, sandbox_id: str) -> None:
         rec = self._records.get(sandbox_id)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -39,7 +40,7 @@ from sandlot.errors import (
     NotFound,
     RuntimeFailure,
 )
-from sandlot.images.model import Image, RegistryAuth
+from sandlot.images.model import Image, ImageConfig, RegistryAuth
 from sandlot.net.manager import NetworkManager
 from sandlot.runtime import execd_client
 from sandlot.runtime.base import (
@@ -59,6 +60,7 @@ from sandlot.runtime.oci import spec as ocispec
 from sandlot.runtime.oci.layout import SandboxPaths, netns_name
 from sandlot.runtime.oci.runc import Runc
 from sandlot.server.quantity import parse_ephemeral_storage
+from sandlot.runtime.oci.snapshots import SnapshotLayers
 
 log = logging.getLogger(__name__)
 _ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
@@ -127,8 +129,8 @@ class OciRuntime(Runtime):
         # A policy is enforced in mode "isolated" and trivially met in "none" (nothing
         # leaves the sandbox).
         self.capabilities = RuntimeCapabilities(
-            pause=True, isolation=Path(binary).name, platforms=frozenset({HOST_PLATFORM}),
-            network_policy=True,
+            pause=True, snapshots=True, pools=True, isolation=Path(binary).name,
+            platforms=frozenset({HOST_PLATFORM}), network_policy=True,
             volume_kinds=frozenset({"host", "pvc"}), disk_limit=True,
         )
         self.allowed_host_paths = list(allowed_host_paths or [])
@@ -146,6 +148,9 @@ class OciRuntime(Runtime):
         self.pool = pool.WarmPool(warm_pool_size, list(warm_pool_images or []),
                                   self._make_warm, self._teardown)
         self._made_warm: set[str] = set()  # warm containers this instance started
+        self.snapshots = SnapshotLayers(data_dir / "snapshots")
+        # Named pools (``/v1/pools``): pool name -> its warm pool and the image name it keeps.
+        self.named_pools: dict[str, tuple[pool.WarmPool, str]] = {}
         self._pool_lock_fd: int | None = None
         self.network = network  # set in mode "isolated"
 
@@ -237,7 +242,10 @@ class OciRuntime(Runtime):
 
     async def create(self, spec: SandboxSpec, progress: Progress | None = None) -> CreateResult:
         _check_id(spec.sandbox_id)
-        image = await self.resolve_image(spec.image, progress)
+        if spec.snapshot_id is not None:
+            image = await asyncio.to_thread(self.snapshots.image, spec.snapshot_id)
+        else:
+            image = await self.resolve_image(spec.image, progress)
         if progress is not None:
             await progress("Starting", "starting the container")
         async with self._locks[spec.sandbox_id]:
@@ -245,9 +253,11 @@ class OciRuntime(Runtime):
             if (p.root.exists() or (self.runc.root / spec.sandbox_id).exists()
                     or self.claims.get(spec.sandbox_id)):
                 raise Conflict(f"sandbox {spec.sandbox_id} already exists")
+            if spec.snapshot_id is not None:  # before the container: delete sees the use
+                self.snapshots.add_user(spec.snapshot_id, spec.sandbox_id)
             # A warm container has no volumes (its mounts are made) and the default cap.
             poolable = not spec.volumes and spec.disk_bytes == self.default_disk_bytes
-            warm = self.pool.take(image) if poolable else None
+            warm = self._take_warm(spec, image) if poolable else None
             if warm is not None and await self._claim(spec, image, warm):
                 return CreateResult(execd_ready=True)  # its execd has just answered the claim
             try:
@@ -255,6 +265,7 @@ class OciRuntime(Runtime):
             except BaseException as exc:
                 with contextlib.suppress(Exception):
                     await self._teardown(spec.sandbox_id)
+                self.snapshots.remove_user(spec.sandbox_id)
                 if isinstance(exc, RuntimeFailure | InvalidRequest):
                     raise
                 if isinstance(exc, Exception):
@@ -281,6 +292,11 @@ class OciRuntime(Runtime):
         (p.etc / "hosts").write_text(
             f"127.0.0.1\tlocalhost {host}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
         )
+        (p.root / "image.json").write_text(json.dumps({
+            "name": image.name, "id": image.id,
+            "lower_dirs": [str(d) for d in image.lower_dirs],
+            "config": dataclasses.asdict(image.config),
+        }))  # what a snapshot of this sandbox stands on
         ns = await netns.create_netns(netns_name(spec.sandbox_id))
         if self.network is not None:
             await self.network.setup(spec.sandbox_id, ns, None if pooled else spec.network_policy)
@@ -328,6 +344,7 @@ class OciRuntime(Runtime):
         async with self._locks[sandbox_id]:
             await self._teardown(self.container_id(sandbox_id))
             self.claims.remove(sandbox_id)  # only once the container is gone
+            self.snapshots.remove_user(sandbox_id)
         self._locks.pop(sandbox_id, None)
 
     async def _teardown(self, sandbox_id: str) -> None:
@@ -351,6 +368,93 @@ class OciRuntime(Runtime):
             raise RuntimeFailure(f"sandbox {sandbox_id}: still mounted: {', '.join(left)}")
         if p.root.exists():
             await asyncio.to_thread(shutil.rmtree, p.root)
+
+    # -- named pools --------------------------------------------------------------------
+
+    def _take_warm(self, spec: SandboxSpec, image: Image) -> pool.Warm | None:
+        """A warm container for ``spec``: from the pool it names first, then the server's."""
+        named = self.named_pools.get(spec.extensions.get("poolRef", ""))
+        warm = named[0].take(image) if named is not None else None
+        return warm if warm is not None else self.pool.take(image)
+
+    async def ensure_pool(self, name: str, image: ImageRef, size: int,
+                          snapshot_id: str | None = None) -> None:
+        if snapshot_id is not None:
+            local = await asyncio.to_thread(self.snapshots.image, snapshot_id)
+        else:
+            local = await self.resolve_image(image)
+        if self._pool_lock_fd is None:  # another process owns the data dir's pools
+            raise Conflict("this runtime does not own the data dir's pools (another server "
+                           "serves it)")
+        current = self.named_pools.get(name)
+        if current is not None and current[1] == local.name:
+            current[0].size = max(0, size)
+            current[0].prewarm(local)
+            return
+        if current is not None:
+            await self.remove_pool(name)
+        keeper = pool.WarmPool(size, [local.name], self._make_warm, self._teardown)
+        self.named_pools[name] = (keeper, local.name)
+        keeper.prewarm(local)
+
+    async def remove_pool(self, name: str) -> None:
+        entry = self.named_pools.pop(name, None)
+        if entry is None:
+            return
+        for cid in await entry[0].stop():
+            with contextlib.suppress(Exception):
+                await self._teardown(cid)
+
+    def pool_ready(self, name: str) -> int:
+        entry = self.named_pools.get(name)
+        return entry[0].ready_count(entry[1]) if entry is not None else 0
+
+    # -- snapshots ----------------------------------------------------------------------
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> None:
+        """Freeze the sandbox (cgroup freezer, through runc), copy its upper dir, thaw it.
+
+        The copy is a new layer over the lower dirs the sandbox runs on (see
+        ``snapshots.py``); a paused sandbox is copied as it is and stays paused.
+        """
+        _check_id(sandbox_id)
+        async with self._locks[sandbox_id]:
+            info = await self.inspect(sandbox_id)
+            if info.state not in (ContainerState.RUNNING, ContainerState.PAUSED):
+                self._require_running(info)
+            cid = self.container_id(sandbox_id)
+            base = self._running_image(cid)
+            freeze = info.state == ContainerState.RUNNING
+            if freeze:
+                await self.runc.pause(cid)
+            try:
+                await asyncio.to_thread(self.snapshots.commit, snapshot_id,
+                                        SandboxPaths.of(self.data_dir, cid).upper, base,
+                                        self.snapshots.parent_of(base))
+            finally:
+                if freeze:
+                    await self.runc.resume(cid)
+
+    def _running_image(self, container_id: str) -> Image:
+        """The image a container runs (its lower dirs and config), from its bundle."""
+        p = SandboxPaths.of(self.data_dir, container_id)
+        try:
+            meta = json.loads((p.root / "image.json").read_text())
+        except FileNotFoundError:
+            raise RuntimeFailure(f"sandbox {container_id} was started by an older sandlot that "
+                                 "did not record its layers; it cannot be snapshotted") from None
+        return Image(name=meta["name"], id=meta["id"],
+                     lower_dirs=[Path(d) for d in meta["lower_dirs"]],
+                     config=ImageConfig(**meta["config"]))
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        pools = sorted(n for n, (_, image) in self.named_pools.items()
+                       if image == f"snapshot/{snapshot_id}")
+        if pools:
+            raise Conflict(f"snapshot {snapshot_id} is in use by pool {', '.join(pools)}; "
+                           "delete the pool first", code="SNAPSHOT::IN_USE")
+        live = await self.list_ids()
+        await asyncio.to_thread(self.snapshots.delete, snapshot_id, live)
 
     # -- state --------------------------------------------------------------------------
 
@@ -444,6 +548,8 @@ class OciRuntime(Runtime):
         self.pool.prewarm(local)
 
     async def drain_pool(self) -> None:
+        for name in list(self.named_pools):
+            await self.remove_pool(name)
         for cid in await self.pool.stop():
             with contextlib.suppress(Exception):
                 await self._teardown(cid)

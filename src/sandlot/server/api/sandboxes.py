@@ -115,27 +115,3 @@ async def get_endpoint(
         raise Unsupported("signed endpoints (expires=...) are not supported by this server")
     authority = request.headers.get("host") or f"{request.url.hostname}:{request.url.port}"
     return await _svc(request).endpoint(sandbox_id, port, use_server_proxy, authority)
-
-
-# ----- features this server does not offer: explicit errors, not silent stubs ----------
-
-_NO_SNAPSHOTS = ("snapshots are not supported by this server (no runtime offers a snapshot "
-                 "store yet)")
-_NO_TEMPLATES = "templates (fsb golden images) are not supported by this server"
-
-
-@router.post("/sandboxes/{sandbox_id}/snapshots")
-async def create_snapshot(sandbox_id: str) -> None:
-    raise Unsupported(_NO_SNAPSHOTS)
-
-
-@router.api_route("/snapshots", methods=["GET"])
-@router.api_route("/snapshots/{snapshot_id}", methods=["GET", "DELETE"])
-async def snapshots(snapshot_id: str | None = None) -> None:
-    raise Unsupported(_NO_SNAPSHOTS)
-
-
-@router.api_route("/templates", methods=["GET", "POST"])
-@router.api_route("/templates/{template_id}", methods=["GET", "DELETE"])
-async def templates(template_id: str | None = None) -> None:
-    raise Unsupported(_NO_TEMPLATES)

@@ -21,11 +21,25 @@ def _v1_initial(conn: Connection) -> None:
     tables.endpoints.create(conn)
 
 
+def _v2_snapshots(conn: Connection) -> None:
+    tables.snapshots.create(conn)
+
+
+def _v3_pools(conn: Connection) -> None:
+    tables.pools.create(conn)
+
+
+def _v4_templates(conn: Connection) -> None:
+    tables.templates.create(conn)
+
+
 # Key of the PostgreSQL advisory lock held while migrating (any fixed 64-bit number).
 _PG_MIGRATION_LOCK = 0x53414E444C4F54  # "SANDLOT"
 
 # Append only. Index + 1 is the version number.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1_initial]
+MIGRATIONS: list[Callable[[Connection], None]] = [
+    _v1_initial, _v2_snapshots, _v3_pools, _v4_templates,
+]
 LATEST = len(MIGRATIONS)
 
 

@@ -226,6 +226,11 @@ class SandboxStore:
             await conn.run_sync(migrate)
         return cls(engine)
 
+    @property
+    def engine(self) -> AsyncEngine:
+        """The database engine, shared with the other record stores (snapshots)."""
+        return self._engine
+
     async def close(self) -> None:
         await self._writes.flush()
         await self._engine.dispose()

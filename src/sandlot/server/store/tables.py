@@ -42,3 +42,35 @@ endpoints = Table(
     Column("port", Integer, primary_key=True),
     Column("host_port", Integer, nullable=False),
 )
+
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("sandbox_id", String(64), nullable=False),
+    Column("name", Text),
+    Column("state", String(32), nullable=False),
+    Column("reason", String(128)),
+    Column("message", Text),
+    Column("image_uri", Text, nullable=False),  # the source sandbox's image
+    Column("entrypoint", JSON, nullable=False),  # the source sandbox's entrypoint
+    Column("created_at", Float, nullable=False),
+    Column("last_transition_at", Float, nullable=False),
+)
+
+pools = Table(
+    "pools",
+    metadata,
+    Column("name", String(253), primary_key=True),
+    Column("template", JSON, nullable=False),  # as given (a PodTemplateSpec subset)
+    Column("capacity", JSON, nullable=False),  # capacitySpec
+    Column("revision", Integer, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+templates = Table(
+    "templates",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("record", JSON, nullable=False),  # the whole TemplateRecord (small, read at start)
+)
