@@ -13,8 +13,8 @@ from bench.benchmarks import (
     files,
     network,
     proxy,
-    volumes,
     state,
+    volumes,
 )
 from bench.env import BenchEnv
 from bench.results import Row

@@ -59,8 +59,8 @@ from sandlot.runtime.oci import cgroups, claimops, disklimit, mounts, netns, poo
 from sandlot.runtime.oci import spec as ocispec
 from sandlot.runtime.oci.layout import SandboxPaths, netns_name
 from sandlot.runtime.oci.runc import Runc
-from sandlot.server.quantity import parse_ephemeral_storage
 from sandlot.runtime.oci.snapshots import SnapshotLayers
+from sandlot.server.quantity import parse_ephemeral_storage
 
 log = logging.getLogger(__name__)
 _ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
