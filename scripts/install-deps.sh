@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 APT_PACKAGES=(runc skopeo umoci debootstrap docker-registry nftables iproute2 procps psmisc
-              ca-certificates util-linux mount e2fsprogs tmux zstd postgresql)
+              ca-certificates util-linux mount e2fsprogs tmux zstd postgresql
+              openjdk-17-jdk-headless golang-go)
 # docker.io: the docker runtime's tests and the bench start a private dockerd of their own.
 # SANDLOT_WITH_DOCKER=0 leaves it out.
 if [ "${SANDLOT_WITH_DOCKER:-1}" = 1 ]; then APT_PACKAGES+=(docker.io); fi

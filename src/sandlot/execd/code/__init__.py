@@ -6,6 +6,7 @@ import dataclasses
 import os
 from typing import Any
 
+from . import versions
 from .service import CodeService
 from .settings import CodeSettings
 
@@ -14,6 +15,7 @@ __all__ = ["CodeService", "CodeSettings", "build_extension"]
 
 def build_extension(execd_settings: Any = None) -> CodeService:
     """The extension execd mounts; new contexts start in execd's working directory by default."""
+    versions.apply(os.environ)  # before kernels are found: *_VERSION picks their interpreters
     settings = CodeSettings.from_env()
     workdir = getattr(execd_settings, "workdir", None)
     if not settings.default_cwd and workdir and "SANDLOT_CODE_CWD" not in os.environ:

@@ -29,6 +29,7 @@ ALIASES = {
     "sh": "bash", "shell": "bash",
     "js": "javascript", "node": "javascript", "nodejs": "javascript",
     "ts": "typescript",
+    "golang": "go", "jshell": "java",
 }
 
 
@@ -40,8 +41,9 @@ def canonical(language: str) -> str:
 @dataclass(frozen=True)
 class LanguageSpec:
     language: str
-    kind: Literal["jupyter", "node"]
+    kind: Literal["jupyter", "node", "java", "go"]
     # Jupyter: kernel name inside the resolved spec directory. Node: path of the node binary.
+    # Java: the JDK's home. Go: path of the go binary.
     target: str
     display_name: str
 
@@ -88,6 +90,10 @@ class KernelCatalog:
             specs.setdefault("javascript", LanguageSpec("javascript", "node", node, "Node.js"))
             if "typescript" not in specs and _node_has_typescript(node):
                 specs["typescript"] = LanguageSpec("typescript", "node", node, "TypeScript")
+        from .natives import native_specs  # natives imports this module
+
+        for native in native_specs(self._path):
+            specs.setdefault(native.language, native)
         if allowed:
             wanted = {canonical(a) for a in allowed}
             specs = {k: v for k, v in specs.items() if k in wanted}

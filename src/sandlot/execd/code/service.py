@@ -23,6 +23,7 @@ from .events import Event, EventShaper, error_event, event
 from .kernels.base import Kernel, KernelDied, Output, describe_exit
 from .kernels.jupyter import JupyterKernel
 from .kernels.node import NodeKernel
+from .natives import native_kernel
 from .oom import OOM_MESSAGE, OomWatch
 from .pool import WarmPool
 from .readiness import open_ready_port
@@ -123,6 +124,8 @@ class CodeService:
         workdir = cwd or self.settings.default_cwd or None
         if spec.kind == "node":
             return NodeKernel(spec.target, spec.language, cwd=workdir, env=self.kernel_env())
+        if spec.kind in ("java", "go"):
+            return native_kernel(spec, workdir, self.kernel_env())
         return JupyterKernel(
             self.catalog.ksm, spec.target, spec.language, cwd=workdir, env=self.kernel_env()
         )

@@ -6,8 +6,6 @@ stdout/stderr, and each run ends with a sentinel on both streams so the reader k
 of the run's output before ``done``.
 """
 
-SENTINEL_PREFIX = "\x00SANDLOT-END:"
-
 RUNNER = r"""
 (function () {
   'use strict';
