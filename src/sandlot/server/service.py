@@ -29,6 +29,8 @@ from sandlot.errors import (
     SandlotError,
     Unsupported,
 )
+from sandlot.jupyter_token import JUPYTER_PORT
+from sandlot.jupyter_token import endpoint_headers as jupyter_endpoint_headers
 from sandlot.net import egress_api
 from sandlot.net.policy import EgressPolicy, parse_policy
 from sandlot.runtime import execd_client
@@ -626,6 +628,8 @@ class SandboxService:
             headers[execd_client.TOKEN_HEADER] = self.execd_token(rec)
         elif port == SDK_EGRESS_PORT:
             headers[egress_api.EGRESS_AUTH_HEADER] = egress_token(self.execd_token(rec))
+        elif port == JUPYTER_PORT:  # the Jupyter API of code-interpreter sandboxes
+            headers.update(jupyter_endpoint_headers(self.execd_token(rec)))
         if use_server_proxy:
             url = f"{server_authority}/v1/sandboxes/{sandbox_id}/proxy/{port}"
         else:

@@ -20,6 +20,9 @@ def build_extension(execd_settings: Any = None) -> CodeService:
     workdir = getattr(execd_settings, "workdir", None)
     if not settings.default_cwd and workdir and "SANDLOT_CODE_CWD" not in os.environ:
         settings = dataclasses.replace(settings, default_cwd=str(workdir))
+    token = getattr(execd_settings, "token", None)
+    if token:
+        settings = dataclasses.replace(settings, execd_token=str(token))
     keepalive = getattr(execd_settings, "keepalive_interval", None)
     if keepalive and "SANDLOT_CODE_KEEPALIVE" not in os.environ:
         settings = dataclasses.replace(settings, keepalive=float(keepalive))

@@ -10,6 +10,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from starlette.routing import BaseRoute
 
@@ -46,7 +47,7 @@ class CodeService:
         self._executions: dict[str, str] = {}
         self._runs: set[asyncio.Task[None]] = set()
         self._pool = WarmPool(self._start_kernel_for)
-        self._ready_server: asyncio.Server | None = None
+        self._ready_server: Any = None  # the Jupyter API server (see readiness.py)
         self._warmup: asyncio.Task[None] | None = None
         self._discovered = False
         from .routes import build_routes
@@ -76,7 +77,7 @@ class CodeService:
 
     async def _open_when_warm(self) -> None:
         await self._pool.wait_ready()
-        self._ready_server = await open_ready_port(self.settings.ready_port)
+        self._ready_server = await open_ready_port(self.settings.ready_port, self)
 
     async def shutdown(self) -> None:
         if self._warmup is not None:
@@ -140,6 +141,10 @@ class CodeService:
             raise RuntimeFailure(f"{language} kernel did not start in time") from exc
         prefer_for_oom(kernel.pid)
         return kernel
+
+    async def take_warm_kernel(self, language: str) -> Kernel | None:
+        """A pre-started kernel for ``language`` if one is ready (the Jupyter API shares them)."""
+        return await self._pool.take(language)
 
     async def _acquire_kernel(self, language: str, cwd: str | None) -> Kernel:
         if cwd is None or cwd == (self.settings.default_cwd or None):

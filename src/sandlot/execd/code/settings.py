@@ -60,6 +60,9 @@ class CodeSettings:
     # Port opened on 127.0.0.1 once kernels are ready; the released SDK's strict readiness check
     # probes it (the reference image's Jupyter port). 0 disables.
     ready_port: int = 44771
+    # execd's access token, from which the Jupyter API's token is derived (not from the env:
+    # execd removes it from its environment at start).
+    execd_token: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CodeSettings:

@@ -36,6 +36,17 @@ class JupyterKernel:
         self._exit: asyncio.Future[int] | None = None
 
     @property
+    def manager(self) -> AsyncKernelManager:
+        """The kernel's manager, for the Jupyter API, which speaks to the kernel over ZMQ itself."""
+        return self._km
+
+    def release_client(self) -> None:
+        """Stop this object's own channels (the Jupyter API takes the kernel over)."""
+        if self._kc is not None:
+            self._kc.stop_channels()
+            self._kc = None
+
+    @property
     def pid(self) -> int | None:
         proc = getattr(self._km.provisioner, "process", None)
         return getattr(proc, "pid", None)
