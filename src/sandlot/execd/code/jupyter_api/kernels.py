@@ -205,11 +205,14 @@ class ZmqApiKernel(ApiKernel):
 
     async def _follow_status(self) -> None:
         sock = self._status_socket
+        # Each reader its own session copy: a session refuses a signature it has seen before,
+        # and every iopub reader sees the same messages.
+        session = self.km.session.clone()
         while True:
             parts = await sock.recv_multipart()
             try:
-                _, msg_list = self.km.session.feed_identities(parts)
-                msg = self.km.session.deserialize(msg_list)
+                _, msg_list = session.feed_identities(parts)
+                msg = session.deserialize(msg_list)
             except Exception:  # noqa: BLE001 - a malformed message changes nothing here
                 continue
             self.touch()
@@ -245,7 +248,7 @@ class ZmqApiKernel(ApiKernel):
         self.clients.add(client)
 
     async def _pump(self, client: Client, channel: str, sock: Any) -> None:
-        session = self.km.session
+        session = self.km.session.clone()
         while not client.closed:
             parts = await sock.recv_multipart()
             try:
