@@ -1,5 +1,5 @@
-"""Java and Go contexts through the released code-interpreter SDK (``SupportedLanguage.JAVA``/``GO``),
-on a real execd with the host's JDK and Go, plus ``*_VERSION`` selection."""
+"""Java and Go contexts through the released code-interpreter SDK (``SupportedLanguage.JAVA``,
+``GO``), on a real execd with the host's JDK and Go, plus ``*_VERSION`` selection."""
 
 from __future__ import annotations
 
