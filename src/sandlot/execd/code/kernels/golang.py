@@ -19,7 +19,7 @@ import tempfile
 
 from sandlot.execd.oomscore import prefer_for_oom
 
-from .base import Emit, KernelDied, Output
+from .base import Emit, KernelDied, Output, describe_exit
 from .exitwatch import returncode, watch_exit
 from .gocell import GoState, split
 
@@ -83,22 +83,26 @@ class GoKernel:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
         )
+        # execd reaps every child itself: its reaper, not asyncio, knows the exit status.
+        exit_status = watch_exit(proc.pid)
         self._proc = proc
         try:
             output, _ = await proc.communicate()
         finally:
             await self._reap(proc)
+        code = returncode(exit_status, proc.returncode)
         if self._interrupted:
             emit(_interrupted())
             return False
-        if proc.returncode == 0:
+        if code == 0:
             return True
         lines = [
             _FILE_PREFIX.sub("line ", line) for line in output.decode(errors="replace").splitlines()
             if line and not line.startswith("# command-line-arguments")
         ]
-        emit(Output("error", ename="CompileError", evalue="; ".join(lines[:3]) or "build failed",
-                    traceback=lines))
+        failed = f"go build failed ({describe_exit(code)})"
+        emit(Output("error", ename="CompileError", evalue="; ".join(lines[:3]) or failed,
+                    traceback=lines or [failed]))
         return False
 
     async def _run(self, binary: str, emit: Emit) -> None:

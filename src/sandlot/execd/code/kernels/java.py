@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from .base import KernelDied
+from .exitwatch import returncode, watch_exit
 from .jshellrunner import CLASS_NAME, SOURCE
 from .pipe import PipeKernel
 
@@ -37,9 +38,11 @@ async def compiled_runner(javac: str) -> Path:
             javac, "-nowarn", "-XDignore.symbol.file", "-d", str(root), str(source),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )
+        exit_status = watch_exit(proc.pid)  # execd's reaper, not asyncio, sees the status
         output, _ = await proc.communicate()
-        if proc.returncode != 0 or not (root / f"{CLASS_NAME}.class").is_file():
-            raise KernelDied(proc.returncode) from RuntimeError(output.decode(errors="replace"))
+        code = returncode(exit_status, proc.returncode)
+        if code != 0 or not (root / f"{CLASS_NAME}.class").is_file():
+            raise KernelDied(code) from RuntimeError(output.decode(errors="replace"))
         _compiled[javac] = root
         return root
 
