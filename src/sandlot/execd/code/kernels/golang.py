@@ -106,12 +106,19 @@ class GoKernel:
         return False
 
     async def _run(self, binary: str, emit: Emit) -> None:
-        proc = await asyncio.create_subprocess_exec(
-            binary, cwd=self._cwd or None, env=self._env,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
-        )
-        exit_status = watch_exit(proc.pid)
+        # A cell's program can end within milliseconds, before execd's reaper (which reaps
+        # every child) knows to keep its status; so a shell runs it and writes the status to a
+        # pipe of ours (128+N for signal N, as shells report it).
+        rfd, wfd = os.pipe()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", f'"$0" {wfd}>&-; echo "$?" >&{wfd}', binary,
+                cwd=self._cwd or None, env=self._env, pass_fds=(wfd,),
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            )
+        finally:
+            os.close(wfd)
         prefer_for_oom(proc.pid)
         self._proc = proc
         assert proc.stdout is not None and proc.stderr is not None
@@ -120,13 +127,17 @@ class GoKernel:
             await asyncio.gather(_forward(proc.stdout, "stdout", emit, None),
                                  _forward(proc.stderr, "stderr", emit, tail))
             await proc.wait()
+            status = await asyncio.to_thread(os.read, rfd, 32)
         finally:
+            os.close(rfd)
             await self._reap(proc)
-        code = returncode(exit_status, proc.returncode)
+        text = status.decode(errors="replace").strip()
+        # No status: the shell itself was killed (an OOM kill takes the whole group's memory).
+        code = int(text) if text.isdigit() else 128 + signal.SIGKILL
         if self._interrupted:
             emit(_interrupted())
-        elif code == -signal.SIGKILL:
-            raise KernelDied(code)
+        elif code == 128 + signal.SIGKILL:
+            raise KernelDied(-signal.SIGKILL)
         elif code:
             panic = _PANIC.search("".join(tail))
             if panic:
