@@ -112,7 +112,8 @@ class GoKernel:
         rfd, wfd = os.pipe()
         try:
             proc = await asyncio.create_subprocess_exec(
-                "/bin/sh", "-c", f'"$0" {wfd}>&-; echo "$?" >&{wfd}', binary,
+                # (/proc/self/fd/N, not >&N: dash takes single-digit fds only.)
+                "/bin/sh", "-c", f'"$0"; echo "$?" >/proc/self/fd/{wfd}', binary,
                 cwd=self._cwd or None, env=self._env, pass_fds=(wfd,),
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True,
@@ -127,7 +128,11 @@ class GoKernel:
             await asyncio.gather(_forward(proc.stdout, "stdout", emit, None),
                                  _forward(proc.stderr, "stderr", emit, tail))
             await proc.wait()
-            status = await asyncio.to_thread(os.read, rfd, 32)
+            os.set_blocking(rfd, False)  # the shell has written its line, or never will
+            try:
+                status = os.read(rfd, 32)
+            except BlockingIOError:
+                status = b""
         finally:
             os.close(rfd)
             await self._reap(proc)
