@@ -130,6 +130,22 @@ async def _jupyter_endpoint(sandbox: Sandbox, server: SandlotServer) -> tuple[st
     return url, token, extra
 
 
+async def _wait_for_api(url: str, token: str, extra: dict[str, str]) -> dict[str, Any]:
+    """The kernelspecs, once the port is open (it opens when the warm kernel is up)."""
+    deadline = time.monotonic() + 180
+    async with httpx.AsyncClient(timeout=60, headers=extra) as http:
+        while True:
+            try:
+                r = await http.get(f"{url}/api/kernelspecs",
+                                   headers={"Authorization": f"token {token}"})
+                if r.status_code == 200:
+                    return dict(r.json())
+            except httpx.TransportError:  # the direct endpoint: closed until it listens
+                pass
+            assert time.monotonic() < deadline, "the Jupyter API did not come up"
+            await asyncio.sleep(0.5)
+
+
 def check_python_notebook(nb: Any) -> None:
     out = [c.outputs for c in nb.cells]
     assert out[0][0]["text"] == "hello\n" and out[0][1]["data"]["text/plain"] == "42"
@@ -145,16 +161,9 @@ async def test_jupyter_clients_on_port_44771(server: SandlotServer, proxy: bool,
     sandbox = await sandbox_for(server, proxy=proxy)
     try:
         url, token, extra = await _jupyter_endpoint(sandbox, server)
+        specs = await _wait_for_api(url, token, extra)
+        assert {"python3", "java", "go", "bash"} <= set(specs["kernelspecs"])
         async with httpx.AsyncClient(timeout=60, headers=extra) as http:
-            deadline = time.monotonic() + 120
-            while True:  # the port opens once the warm kernel is up
-                r = await http.get(f"{url}/api/kernelspecs",
-                                   headers={"Authorization": f"token {token}"})
-                if r.status_code == 200 or time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.5)
-            assert r.status_code == 200, r.text
-            assert {"python3", "java", "go", "bash"} <= set(r.json()["kernelspecs"])
             assert (await http.get(f"{url}/api/kernels")).status_code == 403
         with gateway_server(url, token, extra) as local:
             t0 = time.monotonic()
@@ -185,6 +194,7 @@ async def test_out_of_memory_on_the_jupyter_channel(server: SandlotServer) -> No
     sandbox = await sandbox_for(server, memory="512Mi")
     try:
         url, token, extra = await _jupyter_endpoint(sandbox, server)
+        await _wait_for_api(url, token, extra)
         with gateway_server(url, token, extra) as local:
             nb = await execute(local, notebook(
                 "before = 1", "hog = b'\\x01' * (2 << 30)", "print('alive')", "before"),

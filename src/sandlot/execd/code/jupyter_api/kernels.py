@@ -149,6 +149,10 @@ class ZmqApiKernel(ApiKernel):
         self._pumps: dict[Client, list[asyncio.Task[None]]] = {}
         self._monitor: asyncio.Task[None] | None = None
         self._status_socket: Any = None
+        # Cleared while the kernel restarts: clients' messages wait instead of reaching a
+        # kernel whose output nobody is subscribed to yet.
+        self._ready = asyncio.Event()
+        self._ready.set()
 
     @property
     def pid(self) -> int | None:
@@ -222,11 +226,18 @@ class ZmqApiKernel(ApiKernel):
                 self.execution_count = msg["content"].get("execution_count") or 0
 
     async def _restart_processes(self) -> None:
-        self._close_status_socket()
-        self.execution_state = "starting"
-        await self.km.restart_kernel(now=True)
-        await self._wait_ready()
-        self._after_start()
+        self._ready.clear()
+        try:
+            self._close_status_socket()
+            self.execution_state = "starting"
+            await self.km.restart_kernel(now=True)
+            await self._wait_ready()
+            self._after_start()
+            for client in list(self.clients):  # fresh sockets, subscribed before any output
+                self._close_sockets(client)
+                await self._connect(client)
+        finally:
+            self._ready.set()
 
     def _close_status_socket(self) -> None:
         if self._status_socket is not None:
@@ -234,18 +245,43 @@ class ZmqApiKernel(ApiKernel):
             self._status_socket = None
 
     async def attach(self, client: Client) -> None:
+        await self._ready.wait()
+        await self._connect(client)
+        self.clients.add(client)
+
+    async def _connect(self, client: Client) -> None:
         sockets = {
             "shell": self.km.connect_shell(identity=client.identity),
             "control": self.km.connect_control(identity=client.identity),
             "stdin": self.km.connect_stdin(identity=client.identity),
             "iopub": self.km.connect_iopub(),
         }
+        await self._nudge(sockets)
         self._sockets[client] = sockets
         self._pumps[client] = [
             asyncio.create_task(self._pump(client, channel, sock))
             for channel, sock in sockets.items()
         ]
-        self.clients.add(client)
+
+    async def _nudge(self, sockets: dict[str, Any]) -> None:
+        """Ask kernel_info until the new iopub socket receives something: only then is it
+        subscribed, and a client's first cell cannot lose its output (Jupyter Server does the
+        same). The nudges' own replies are consumed here."""
+        session = self.km.session.clone()
+        shell, iopub = sockets["shell"], sockets["iopub"]
+        sent = 0
+        for _ in range(50):
+            session.send(shell, "kernel_info_request")
+            sent += 1
+            if await iopub.poll(200):
+                break
+        deadline = asyncio.get_running_loop().time() + 5
+        while sent and asyncio.get_running_loop().time() < deadline:
+            if await shell.poll(200):
+                await shell.recv_multipart()
+                sent -= 1
+        while await iopub.poll(50):  # the nudges' busy/idle statuses
+            await iopub.recv_multipart()
 
     async def _pump(self, client: Client, channel: str, sock: Any) -> None:
         session = self.km.session.clone()
@@ -264,12 +300,16 @@ class ZmqApiKernel(ApiKernel):
 
     async def detach(self, client: Client) -> None:
         await super().detach(client)
+        self._close_sockets(client)
+
+    def _close_sockets(self, client: Client) -> None:
         for task in self._pumps.pop(client, []):
             task.cancel()
         for sock in self._sockets.pop(client, {}).values():
             sock.close(linger=0)
 
     async def from_client(self, client: Client, msg: dict[str, Any]) -> None:
+        await self._ready.wait()
         channel = msg.pop("channel", None) or "shell"
         sock = self._sockets.get(client, {}).get(channel)
         if sock is None or channel == "iopub":
