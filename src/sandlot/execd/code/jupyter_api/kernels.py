@@ -266,7 +266,8 @@ class ZmqApiKernel(ApiKernel):
     async def _nudge(self, sockets: dict[str, Any]) -> None:
         """Ask kernel_info until the new iopub socket receives something: only then is it
         subscribed, and a client's first cell cannot lose its output (Jupyter Server does the
-        same). The nudges' own replies are consumed here."""
+        same). The nudges' shell replies are consumed here; their iopub statuses reach the
+        client, which ignores statuses of requests it did not send."""
         session = self.km.session.clone()
         shell, iopub = sockets["shell"], sockets["iopub"]
         sent = 0
@@ -280,8 +281,6 @@ class ZmqApiKernel(ApiKernel):
             if await shell.poll(200):
                 await shell.recv_multipart()
                 sent -= 1
-        while await iopub.poll(50):  # the nudges' busy/idle statuses
-            await iopub.recv_multipart()
 
     async def _pump(self, client: Client, channel: str, sock: Any) -> None:
         session = self.km.session.clone()
