@@ -95,7 +95,7 @@ async def run(env: BenchEnv) -> list[Row]:
 
         # Both take the pool's pre-started kernel: a pause long enough for it to be refilled
         # (a kernel start on a busy 2-core machine takes seconds), and alternating order.
-        settle = max(sc.settle_seconds, 6.0)
+        settle = 2.0 if env.quick else max(sc.settle_seconds, 6.0)
         for i in range(sc.context_runs):
             for which in ((0, 1) if i % 2 == 0 else (1, 0)):
                 await asyncio.sleep(settle)
@@ -107,7 +107,7 @@ async def run(env: BenchEnv) -> list[Row]:
             (SupportedLanguage.JAVA, java, "1 + 1"),
             (SupportedLanguage.GO, go, 'import "fmt"\nfmt.Println(1 + 1)'),
         ):
-            for _ in range(max(1, min(sc.context_runs, 4))):
+            for _ in range(1 if env.quick else min(sc.context_runs, 4)):
                 t0 = time.perf_counter()
                 ctx = await ci.codes.create_context(language)
                 ex = await ci.codes.run(code, context=ctx)
@@ -122,7 +122,7 @@ async def run(env: BenchEnv) -> list[Row]:
         await env.sandboxes.delete(sandbox)
 
     host: list[float] = []
-    for _ in range(max(1, min(sc.context_runs, 4))):
+    for _ in range(1 if env.quick else min(sc.context_runs, 4)):
         jb = JupyterBaseline()
         try:
             t0 = time.perf_counter()
