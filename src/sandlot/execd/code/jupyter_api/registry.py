@@ -25,8 +25,10 @@ from ..kernels.base import Kernel, KernelDied
 from ..kernels.jupyter import JupyterKernel
 from ..kernels.node import NodeKernel
 from ..natives import native_kernel
-from .kernels import ApiKernel, NativeApiKernel, ZmqApiKernel, now
+from .kernels import ApiKernel, now
+from .native_kernel import NativeApiKernel
 from .settings import JupyterApiSettings
+from .zmq_kernel import ZmqApiKernel
 
 if TYPE_CHECKING:
     from ..service import CodeService
