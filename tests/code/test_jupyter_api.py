@@ -67,6 +67,7 @@ def api() -> Iterator[Api]:
         "MY_APP_SECRET_KEY": "hunter2",
         "GITHUB_TOKEN": "ghp_canary",
         "PLAIN_SETTING": "visible",
+        "JUPYTER_TOKEN": "reference-style-token",
     })
     yield server
     stop_execd(server.execd)
@@ -82,6 +83,8 @@ def test_rest_needs_the_token_in_any_jupyter_form(api):
     assert httpx.get(api.url + f"/api/kernels?token={JTOKEN}").status_code == 200
     assert httpx.get(api.url + "/api/kernels",
                      headers={"Authorization": f"Bearer {JTOKEN}"}).status_code == 200
+    # JUPYTER_TOKEN (the reference image's variable) is accepted besides the derived token.
+    assert httpx.get(api.url + "/api/kernels?token=reference-style-token").status_code == 200
 
 
 def test_kernelspecs_list_every_language_and_the_stripped_one(api):
