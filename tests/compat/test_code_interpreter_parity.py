@@ -171,6 +171,11 @@ async def test_jupyter_clients_on_port_44771(server: SandlotServer, proxy: bool,
             figure(record_property, f"nbclient_python_{'proxy' if proxy else 'direct'}_s",
                    time.monotonic() - t0)
             check_python_notebook(nb)
+            # One message of 1.5 MB (past websockets' default 1 MiB frame limit) arrives whole.
+            big = await execute(local, notebook(
+                "from IPython.display import HTML, display\ndisplay(HTML('x' * 1_500_000))"),
+                "python3")
+            assert len(big.cells[0].outputs[0]["data"]["text/html"]) == 1_500_000
             go = await execute(local, notebook(
                 'import "fmt"\nx := 40', "fmt.Println(x + 2)", language="go"), "go")
             assert go.cells[1].outputs[0]["text"] == "42\n"

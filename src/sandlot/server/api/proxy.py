@@ -50,6 +50,9 @@ _WS_SKIP = _HOP_BY_HOP | {
     "sec-websocket-protocol",
     "content-length",
 }
+# Largest message relayed from a sandbox's WebSocket (websockets' own default, 1 MiB, would
+# close connections carrying e.g. a Jupyter plot); still bounded: the sandbox is untrusted.
+_WS_MAX_MESSAGE = 64 << 20
 _TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=None, pool=None)
 
 
@@ -183,6 +186,7 @@ async def proxy_websocket(websocket: WebSocket, sandbox_id: str, port: int, path
             sock=sock,
             additional_headers=headers,
             subprotocols=subprotocols or None,  # type: ignore[arg-type]
+            max_size=_WS_MAX_MESSAGE,
         )
     except Exception as exc:
         log.debug("websocket upstream for %s:%s failed: %s", sandbox_id, port, exc)
