@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
-APT_PACKAGES=(runc skopeo umoci debootstrap docker-registry nftables iproute2 procps psmisc
+APT_PACKAGES=(runc runsc skopeo umoci debootstrap docker-registry nftables iproute2 procps psmisc
               ca-certificates util-linux mount e2fsprogs tmux zstd postgresql
               openjdk-17-jdk-headless golang-go)
 # docker.io: the docker runtime's tests and the bench start a private dockerd of their own.

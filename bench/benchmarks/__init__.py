@@ -11,6 +11,7 @@ from bench.benchmarks import (
     density,
     docker_backend,
     files,
+    gvisor,
     jupyter,
     network,
     proxy,
@@ -33,6 +34,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "docker": docker_backend.run,
     "volumes": volumes.run,
     "state": state.run,
+    "gvisor": gvisor.run,
     "density": density.run,
 }
 
@@ -48,5 +50,6 @@ EXPECTED_KEYS: dict[str, tuple[str, ...]] = {
     "docker": docker_backend.KEYS,
     "volumes": volumes.KEYS,
     "state": state.KEYS,
+    "gvisor": gvisor.KEYS,
     "density": density.KEYS,
 }

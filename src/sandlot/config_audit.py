@@ -55,7 +55,7 @@ UPSTREAM: dict[str, dict[str, Rule]] = {
                      for k in ("enabled", "min_interval_seconds", "redis")},
     "kubernetes": {}, "agent_sandbox": {},  # runtimes sandlot does not have: warned
     "secure_runtime": {
-        "type": Rule(True, inert=("",), why="no secure runtime is implemented"),
+        "type": Rule(True, inert=("",), why='only type = "gvisor" is implemented'),
         "docker_runtime": Rule(True, inert=(None, "")),
         "k8s_runtime_class": Rule(False, why="no kubernetes runtime"),
     },
@@ -111,10 +111,16 @@ def audit(raw: dict[str, Any], model: type[BaseModel]) -> Audit:
             continue
         honoured = _fields(sub) if sub is not None else {}
         for key, value in body.items():
-            if key in honoured:
+            if key in honoured and value not in _unsupported(sub, key):
                 continue
             _judge(section, key, value, sub is not None, result)
     return result
+
+
+def _unsupported(model: type[BaseModel] | None, key: str) -> tuple[Any, ...]:
+    """Values of an honoured field its section does not implement (``UNSUPPORTED_VALUES``)."""
+    table = getattr(model, "UNSUPPORTED_VALUES", None) or {}
+    return tuple(table.get(key, ()))
 
 
 def _judge(section: str, key: str, value: Any, section_known: bool, result: Audit) -> None:

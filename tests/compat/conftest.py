@@ -51,6 +51,19 @@ def needs_root() -> None:
         pytest.skip("sandlot serve's OCI runtime needs root and runc")
 
 
+# Backends: "oci" (runc), "docker", and "runsc" (the oci runtime under gVisor). The default
+# comes from SANDLOT_COMPAT_BACKEND (e.g. runsc: the whole compat suite on gVisor); make test
+# runs a representative subset on runsc (test_gvisor*.py).
+DEFAULT_BACKEND = os.environ.get("SANDLOT_COMPAT_BACKEND", "oci")
+GVISOR_CONFIG = '[secure_runtime]\ntype = "gvisor"\n'
+
+
+def needs_backend(backend: str) -> None:
+    needs_root()
+    if backend == "runsc" and shutil.which("runsc") is None:
+        pytest.skip("gVisor's runsc is not installed (scripts/install-deps.sh installs it)")
+
+
 class SandlotServer:
     """One ``sandlot serve`` process; ``start``/``kill9``/``stop`` may be repeated."""
 
@@ -86,12 +99,20 @@ class SandlotServer:
     def _backend_config(self) -> str:
         if self.backend == "docker":
             return '[runtime]\ntype = "docker"\n[docker]\nnetwork_mode = "bridge"\n'
+        if self.backend == "runsc":
+            return GVISOR_CONFIG
         return ""
 
+    @property
+    def runtime_type(self) -> str:
+        """The registered runtime of this backend (runsc is the oci runtime under gVisor)."""
+        return "oci" if self.backend == "runsc" else self.backend
+
     def runtime_config(self) -> Config:
-        return Config.model_validate({"data_dir": str(self.data_dir),
-                                      "runtime": {"type": self.backend},
-                                      "docker": {"network_mode": "bridge"}})
+        return Config.model_validate({
+            "data_dir": str(self.data_dir), "runtime": {"type": self.runtime_type},
+            "docker": {"network_mode": "bridge"},
+            **({"secure_runtime": {"type": "gvisor"}} if self.backend == "runsc" else {})})
 
     def _engine_env(self) -> dict[str, str]:
         return {"DOCKER_HOST": self.docker.host} if self.docker is not None else {}
@@ -190,7 +211,7 @@ class SandlotServer:
     async def open_runtime(self) -> Runtime:
         """This server's backend, opened on its data dir from the test process."""
         with mock.patch.dict(os.environ, self._engine_env()):
-            return await runtime_class(self.backend).open(self.runtime_config())
+            return await runtime_class(self.runtime_type).open(self.runtime_config())
 
     async def _runtime_ids(self) -> set[str]:
         rt = await self.open_runtime()
@@ -239,7 +260,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="module")
 def compat_backend(request: pytest.FixtureRequest) -> str:
-    return str(getattr(request, "param", "oci"))
+    backend = str(getattr(request, "param", DEFAULT_BACKEND))
+    needs_backend(backend)
+    return backend
 
 
 def _new_server(request: pytest.FixtureRequest, image_root: Path, backend: str) -> SandlotServer:

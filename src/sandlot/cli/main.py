@@ -57,6 +57,23 @@ def serve(
     sys.exit(run_server(cfg))
 
 
+@main.command()
+@click.option(
+    "--config", "config_file", type=click.Path(path_type=Path, exists=True, dir_okay=False)
+)
+@click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False))
+def doctor(config_file: Path | None, data_dir: Path | None) -> None:
+    """Check this host for what sandlot needs; exit 1 if the configured runtime cannot work."""
+    from rich.console import Console
+
+    from sandlot.cli.doctor import exit_status, render, run_checks
+
+    cfg = load_config(config_file, data_dir)
+    checks = run_checks(cfg)
+    render(checks, cfg, Console())
+    sys.exit(exit_status(checks))
+
+
 @main.command("init-config")
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")

@@ -84,8 +84,13 @@ def make_socket(addr: str) -> socket.socket:
             if stat.S_ISSOCK(os.lstat(rest).st_mode):
                 os.unlink(rest)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(rest)
-        os.chmod(rest, 0o660)
+        # rw for owner and group (0660) through the umask: under gVisor the socket is a host
+        # socket made by the gofer (runsc --host-uds=create), which refuses a later chmod.
+        old_umask = os.umask(0o117)
+        try:
+            sock.bind(rest)
+        finally:
+            os.umask(old_umask)
     elif kind == "tcp" and rest:
         host, _, port = rest.rpartition(":")
         host = host.strip("[]") or "0.0.0.0"
@@ -105,7 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns, entrypoint = parse_args(sys.argv[1:] if argv is None else argv)
     token = ns.token or scrub_environment()
     scrub_environment()
-    sockets = [make_socket(a) for a in (ns.listen or [f"tcp:0.0.0.0:{DEFAULT_PORT}"])]
+    ns.listen = ns.listen or [f"tcp:0.0.0.0:{DEFAULT_PORT}"]
+    sockets = [make_socket(a) for a in ns.listen]
     # Plain asyncio loop on purpose: uvloop reserves SIGCHLD, which execd needs to reap
     # every child (it is often PID 1).
     return asyncio.run(_serve(ns, token, sockets, entrypoint))
@@ -191,6 +197,9 @@ async def _serve(
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, on_term, sig)
+    from sandlot.execd.hibernation import Hibernation
+
+    Hibernation(server, list(ns.listen), make_socket).install(loop)
 
     if entrypoint and not ns.pooled:
         loop.create_task(_start_entrypoint(server, entrypoint, ns.entrypoint_log, settings))

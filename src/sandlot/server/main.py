@@ -81,7 +81,13 @@ async def open_runtime(cfg: Config) -> Runtime:
     """The backend ``[runtime] type`` names, opened (it checks the host itself)."""
     runtime = await runtime_class(cfg.runtime.type).open(cfg)
     caps = runtime.capabilities
-    log.info("runtime %s (isolation: %s)", runtime.name, caps.isolation)
+    log.info("runtime %s (isolation: %s; pause: %s%s)", runtime.name, caps.isolation,
+             cfg.runtime.pause_mode, ", hibernate available" if caps.hibernate else "")
+    sr = cfg.secure_runtime
+    if sr.docker_runtime and cfg.runtime.type != "docker":
+        log.warning("[secure_runtime] docker_runtime = %r only applies to [runtime] type = "
+                    '"docker"; the %s runtime runs gVisor itself', sr.docker_runtime,
+                    runtime.name)
     return runtime
 
 

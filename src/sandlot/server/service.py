@@ -74,6 +74,7 @@ IDLE_ENTRYPOINTS = (KEEP_ALIVE, ["sleep", "infinity"])
 SDK_EGRESS_PORT = 18080
 # OSEP-0009 (deprecated spelling, still what 1.x clients send): renew the TTL on proxy access.
 RENEW_ON_ACCESS_KEY = "access.renew.extend.seconds"
+PAUSE_MODE_KEY = "sandlot.pause.mode"  # "freeze" | "hibernate" (gVisor): per-sandbox pause
 _RENEW_ON_ACCESS_EVERY = 5.0  # seconds between persisted renewals of one sandbox
 EXECD_READY_TIMEOUT = 60.0
 
@@ -353,6 +354,17 @@ class SandboxService:
                 f"extensions[{RENEW_ON_ACCESS_KEY!r}] must be a whole number of seconds "
                 f"from 300 to 86400, got {renew!r}"
             )
+        pause_mode = req.extensions.get(PAUSE_MODE_KEY)
+        if pause_mode is not None and pause_mode not in ("freeze", "hibernate"):
+            raise InvalidRequest(
+                f"extensions[{PAUSE_MODE_KEY!r}] must be \"freeze\" or \"hibernate\", "
+                f"got {pause_mode!r}"
+            )
+        if pause_mode == "hibernate" and not self.runtime.capabilities.hibernate:
+            raise Unsupported(
+                f'extensions[{PAUSE_MODE_KEY!r}] = "hibernate" needs the gVisor runtime '
+                '([secure_runtime] type = "gvisor"); this server can only freeze'
+            )
         gpu = req.resource_limits.get("gpu")
         if gpu not in (None, "", "0") and not caps.gpu:
             raise Unsupported(f"GPU resources are not supported by the {self.runtime.name} "
@@ -531,7 +543,12 @@ class SandboxService:
             except Exception:
                 await self.set_state(rec, SandboxState.RUNNING, "PauseFailed", "pause failed")
                 raise
-            await self.set_state(rec, SandboxState.PAUSED, "user_pause", "processes frozen")
+            info = await self.runtime.inspect(sandbox_id)
+            if info.reason == "hibernated":
+                await self.set_state(rec, SandboxState.PAUSED, "Hibernated",
+                                "processes and memory checkpointed to disk; resume restores them")
+            else:
+                await self.set_state(rec, SandboxState.PAUSED, "user_pause", "processes frozen")
 
     async def resume(self, sandbox_id: str) -> None:
         rec = self.get(sandbox_id)

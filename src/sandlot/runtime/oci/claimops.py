@@ -71,6 +71,24 @@ def apply_limits(
     _write(_need(container_id, "pids") / "pids.max", str(pids))
 
 
+def record_limits(
+    config_json: Path, *, cpu_cores: float | None, memory_bytes: int | None, pids: int,
+    swap_limit: bool,
+) -> None:
+    """Write the claimed limits into the container's config.json (read again by a restore)."""
+    config = json.loads(config_json.read_text())
+    res = config.setdefault("linux", {}).setdefault("resources", {})
+    res["pids"] = {"limit": pids}
+    res["cpu"] = {"shares": DEFAULT_CPU_SHARES}
+    if cpu_cores is not None:
+        res["cpu"].update(quota=max(1000, int(cpu_cores * CPU_PERIOD_US)), period=CPU_PERIOD_US)
+    if memory_bytes is not None:
+        res["memory"] = {"limit": memory_bytes, **({"swap": memory_bytes} if swap_limit else {})}
+    tmp = config_json.with_suffix(".tmp")
+    tmp.write_text(json.dumps(config, indent=1))
+    os.replace(tmp, config_json)
+
+
 def _need(container_id: str, controller: str) -> Path:
     d = cgroups.controller_dir(container_id, controller)
     if d is None:

@@ -88,12 +88,13 @@ def socket_in(ns: Path) -> socket.socket:
 class NetnsConnector:
     """Connects TCP sockets to ports inside named network namespaces."""
 
-    async def connect(self, ns: Path, port: int) -> socket.socket:
-        """A non-blocking TCP socket made in ``ns`` and connected to its ``127.0.0.1:port``."""
+    async def connect(self, ns: Path, port: int, host: str = "127.0.0.1") -> socket.socket:
+        """A non-blocking TCP socket made in ``ns`` and connected to ``host:port`` there
+        (its loopback unless told otherwise)."""
         sock = socket_in(ns)
         try:
             sock.setblocking(False)
-            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+            await asyncio.get_running_loop().sock_connect(sock, (host, port))
         except BaseException:
             sock.close()
             raise

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sandlot.errors import RuntimeFailure
 from sandlot.runtime.hosttools import run_tool
+from sandlot.runtime.oci import runsc
 
 
 class RuncError(RuntimeFailure):
@@ -15,19 +18,31 @@ class RuncError(RuntimeFailure):
 
 
 class Runc:
-    def __init__(self, binary: str, root: Path) -> None:
+    def __init__(
+        self, binary: str, root: Path, *, gvisor: bool = False,
+        global_args: Sequence[str] = (),
+    ) -> None:
         self.binary = binary
-        self.root = root  # runc's state directory (--root): kept in the data dir
+        self.root = root  # the runtime's state directory (--root): kept in the data dir
+        self.gvisor = gvisor
+        self.global_args = list(global_args)  # e.g. runsc's --platform/--network
 
-    async def _run(self, *args: str, check: bool = True, log: Path | None = None) -> str:
-        pre = ["--root", str(self.root)]
+    def _pre(self, log: Path | None = None) -> list[str]:
+        pre = [self.binary, "--root", str(self.root), *self.global_args]
         if log is not None:
             pre += ["--log", str(log), "--log-format", "json"]
-        res = await run_tool([self.binary, *pre, *args])
+        return pre
+
+    async def _run(self, *args: str, check: bool = True, log: Path | None = None) -> str:
+        res = await run_tool([*self._pre(log), *args])
         if check and not res.ok:
-            msg = res.stderr.decode(errors="replace").strip()
+            msg = res.stderr.decode(errors="replace").strip() or (
+                last_error(log) if log is not None else "")
             raise RuncError(f"{self.binary} {args[0]} failed: {msg}")
         return res.stdout.decode()
+
+    def _starter(self, argv: list[str]) -> list[str]:
+        return runsc.with_netns_check_hidden(argv) if self.gvisor else argv
 
     async def run_detached(self, container_id: str, bundle: Path, stdio: Path, log: Path) -> None:
         """``run --detach``: create and start in one call.
@@ -37,17 +52,52 @@ class Runc:
         """
         with open(stdio, "ab") as out:
             res = await run_tool(
-                [self.binary, "--root", str(self.root), "--log", str(log), "--log-format", "json",
-                 "run", "--detach", "--bundle", str(bundle), container_id],
+                self._starter([*self._pre(log), "run", "--detach", "--bundle", str(bundle),
+                               container_id]),
                 output=out,
             )
         if not res.ok:
             raise RuncError(f"{self.binary} run failed: {last_error(log) or stdio_tail(stdio)}")
 
+    async def checkpoint(self, container_id: str, image_dir: Path, log: Path) -> None:
+        """runsc: save the container's processes and memory to ``image_dir``; it stops."""
+        await self._run("checkpoint", "--image-path", str(image_dir), container_id, log=log)
+
+    async def restore(
+        self, container_id: str, bundle: Path, image_dir: Path, stdio: Path, log: Path
+    ) -> None:
+        """runsc: start ``container_id`` again from a checkpoint, detached like ``run``."""
+        with open(stdio, "ab") as out:
+            res = await run_tool(
+                self._starter([*self._pre(log), "restore", "--detach", "--image-path",
+                               str(image_dir), "--bundle", str(bundle), container_id]),
+                output=out,
+            )
+        if not res.ok:
+            raise RuncError(
+                f"{self.binary} restore failed: {last_error(log) or stdio_tail(stdio)}")
+
+    async def kill(self, container_id: str, signal: str) -> None:
+        await self._run("kill", container_id, signal)
+
+    def has_state(self, container_id: str) -> bool:
+        if self.gvisor:
+            return any(p.name.endswith(".state") for p in runsc.state_files(self.root,
+                                                                            container_id))
+        return (self.root / container_id).is_dir()
+
+    def remove_state(self, container_id: str) -> None:
+        """Drop state the binary could not delete itself (e.g. its init already gone)."""
+        if self.gvisor:
+            for p in runsc.state_files(self.root, container_id):
+                p.unlink(missing_ok=True)
+        elif (self.root / container_id).exists():
+            shutil.rmtree(self.root / container_id, ignore_errors=True)
+
     async def state(self, container_id: str) -> dict[str, Any] | None:
-        if not (self.root / container_id).is_dir():
+        if not self.has_state(container_id):
             return None
-        res = await run_tool([self.binary, "--root", str(self.root), "state", container_id])
+        res = await run_tool([*self._pre(), "state", container_id])
         if not res.ok:
             return None
         result: dict[str, Any] = json.loads(res.stdout)
@@ -61,10 +111,12 @@ class Runc:
 
     async def delete_force(self, container_id: str) -> None:
         """Kill every process of the container and remove its cgroups and state."""
-        if (self.root / container_id).is_dir():
+        if self.has_state(container_id):
             await self._run("delete", "--force", container_id, check=False)
 
     def ids(self) -> set[str]:
+        if self.gvisor:
+            return runsc.container_ids(self.root)
         if not self.root.is_dir():
             return set()
         return {p.name for p in self.root.iterdir() if (p / "state.json").exists()}

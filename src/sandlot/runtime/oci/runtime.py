@@ -55,9 +55,21 @@ from sandlot.runtime.base import (
     VolumeSpec,
 )
 from sandlot.runtime.execd_bundle import ExecdBundle, ensure_bundle
-from sandlot.runtime.oci import cgroups, claimops, disklimit, mounts, netns, pool, volumes
+from sandlot.runtime.oci import (
+    cgroups,
+    claimops,
+    disklimit,
+    hibernate,
+    mounts,
+    netns,
+    pool,
+    runsc,
+    volumes,
+)
 from sandlot.runtime.oci import spec as ocispec
+from sandlot.runtime.oci.binary import OciBinary, choose_binary, flavor_of
 from sandlot.runtime.oci.layout import SandboxPaths, netns_name
+from sandlot.runtime.oci.pausemode import PauseModes
 from sandlot.runtime.oci.runc import Runc
 from sandlot.runtime.oci.snapshots import SnapshotLayers
 from sandlot.server.quantity import parse_ephemeral_storage
@@ -89,14 +101,6 @@ def _check_id(sandbox_id: str) -> None:
         raise InvalidRequest(f"invalid sandbox id {sandbox_id!r}: use letters, digits, '_.-'")
 
 
-def default_binary(cfg: Config) -> str:
-    if cfg.runtime.oci_binary:
-        return cfg.runtime.oci_binary
-    if cgroups.is_unified_only() and shutil.which("crun"):
-        return "crun"
-    return "runc"
-
-
 def _swap_limit_supported() -> bool:
     if cgroups.is_unified_only():
         return True
@@ -122,14 +126,19 @@ class OciRuntime(Runtime):
         network: NetworkManager | None = None,
         allowed_host_paths: list[str] | None = None,
         default_disk_bytes: int | None = None,
+        runsc_platform: str = "ptrace",
+        pause_mode: str = "freeze",
     ) -> None:
         self.data_dir = data_dir
         self.images = images
         self.execd_port = execd_port
+        self.binary = OciBinary(binary, flavor_of(binary))
+        self.gvisor = self.binary.is_gvisor
         # A policy is enforced in mode "isolated" and trivially met in "none" (nothing
         # leaves the sandbox).
         self.capabilities = RuntimeCapabilities(
-            pause=True, snapshots=True, pools=True, isolation=Path(binary).name,
+            pause=True, snapshots=True, pools=True, hibernate=self.gvisor,
+            isolation=self.binary.isolation,
             platforms=frozenset({HOST_PLATFORM}), network_policy=True,
             volume_kinds=frozenset({"host", "pvc"}), disk_limit=True,
         )
@@ -138,7 +147,9 @@ class OciRuntime(Runtime):
         # Warm containers get the configured default cap, so creates that ask for no other
         # size are still served from the pool.
         self.default_disk_bytes = default_disk_bytes
-        self.runc = Runc(binary, data_dir / "runc")
+        self.runc = Runc(binary, data_dir / "runc", gvisor=self.gvisor,
+                         global_args=runsc.global_args(runsc_platform) if self.gvisor else ())
+        self.pause_modes = PauseModes(default=pause_mode, gvisor=self.gvisor)
         self.bundle = bundle
         self.pids_limit = pids_limit
         self._swap = _swap_limit_supported()
@@ -160,12 +171,15 @@ class OciRuntime(Runtime):
 
         ``images`` defaults to the image store in ``data_dir/images``.
         """
-        binary = default_binary(cfg)
-        resolved = shutil.which(binary)
-        if resolved is None:
-            raise RuntimeFailure(f"OCI runtime binary {binary!r} not found on PATH")
+        binary = choose_binary(cfg)
         if shutil.which("ip") is None:
             raise RuntimeFailure("iproute2's 'ip' is required for sandbox network namespaces")
+        if binary.is_gvisor and shutil.which("unshare") is None:
+            raise RuntimeFailure("util-linux's 'unshare' is required to start runsc sandboxes")
+        if cfg.runtime.pause_mode == "hibernate" and not binary.is_gvisor:
+            raise RuntimeFailure(
+                '[runtime] pause_mode = "hibernate" needs gVisor ([secure_runtime] type = '
+                f'"gvisor"); {binary.flavor} can only freeze')
         data_dir = cfg.data_dir
         for sub in ("sandboxes", "runc"):
             (data_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -180,11 +194,12 @@ class OciRuntime(Runtime):
         if cfg.network.mode == "isolated":
             network = await NetworkManager.open(cfg, data_dir)
         default_disk = cfg.runtime.default_ephemeral_storage
-        rt = cls(data_dir, resolved, bundle, cfg.runtime.pids_limit,
+        rt = cls(data_dir, binary.path, bundle, cfg.runtime.pids_limit,
                  cfg.runtime.warm_pool_size, cfg.runtime.warm_pool_images,
                  images=images, execd_port=cfg.execd.port,
                  network=network, allowed_host_paths=cfg.storage.allowed_host_paths,
-                 default_disk_bytes=parse_ephemeral_storage(default_disk) if default_disk else None)
+                 default_disk_bytes=parse_ephemeral_storage(default_disk) if default_disk else None,
+                 runsc_platform=cfg.runtime.runsc_platform, pause_mode=cfg.runtime.pause_mode)
         if rt._own_pool_dir():
             await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
             if network is not None:
@@ -250,15 +265,17 @@ class OciRuntime(Runtime):
             await progress("Starting", "starting the container")
         async with self._locks[spec.sandbox_id]:
             p = SandboxPaths.of(self.data_dir, spec.sandbox_id)
-            if (p.root.exists() or (self.runc.root / spec.sandbox_id).exists()
+            if (p.root.exists() or self.runc.has_state(spec.sandbox_id)
                     or self.claims.get(spec.sandbox_id)):
                 raise Conflict(f"sandbox {spec.sandbox_id} already exists")
+            mode = self.pause_modes.of_spec(spec)
             if spec.snapshot_id is not None:  # before the container: delete sees the use
                 self.snapshots.add_user(spec.snapshot_id, spec.sandbox_id)
             # A warm container has no volumes (its mounts are made) and the default cap.
             poolable = not spec.volumes and spec.disk_bytes == self.default_disk_bytes
             warm = self._take_warm(spec, image) if poolable else None
             if warm is not None and await self._claim(spec, image, warm):
+                self.pause_modes.record(self.paths(spec.sandbox_id), mode)
                 return CreateResult(execd_ready=True)  # its execd has just answered the claim
             try:
                 await self._create(spec, image, p)
@@ -271,6 +288,7 @@ class OciRuntime(Runtime):
                 if isinstance(exc, Exception):
                     raise RuntimeFailure(f"cannot start sandbox {spec.sandbox_id}: {exc}") from exc
                 raise
+            self.pause_modes.record(p, mode)
             return CreateResult(execd_ready=False)
 
     async def _create(
@@ -301,11 +319,13 @@ class OciRuntime(Runtime):
         if self.network is not None:
             await self.network.setup(spec.sandbox_id, ns, None if pooled else spec.network_policy)
             (p.etc / "resolv.conf").write_text(self.network.resolv_conf(spec.sandbox_id))
+        if self.gvisor:
+            await runsc.create_access(netns_name(spec.sandbox_id))
         mounts.mount_overlay(list(image.lower_dirs), p.upper, p.work, p.rootfs)
-        limited = SandboxSpec(**{**spec.__dict__, "pids_limit": min(spec.pids_limit,
-                                                                   self.pids_limit)})
+        limited = SandboxSpec(**{**spec.__dict__, "pids_limit": self._host_pids(spec)})
         config = ocispec.build_config(limited, image, self.bundle, netns=ns, etc_dir=p.etc,
-                                      swap_limit=self._swap, execd_port=self.execd_port)
+                                      swap_limit=self._swap, execd_port=self.execd_port,
+                                      execd_host=runsc.GVISOR_ADDR if self.gvisor else None)
         if self.network is not None:
             config["mounts"].append({
                 "destination": "/etc/resolv.conf", "type": "bind",
@@ -359,10 +379,10 @@ class OciRuntime(Runtime):
             mounts.unmount(Path(mp))
         if self.network is not None:
             await self.network.teardown(sandbox_id)
+        if self.gvisor:
+            await runsc.delete_access(netns_name(sandbox_id))
         await netns.delete_netns(netns_name(sandbox_id))
-        state_dir = self.runc.root / sandbox_id
-        if state_dir.exists():  # runc could not delete it (e.g. its init already gone)
-            shutil.rmtree(state_dir, ignore_errors=True)
+        self.runc.remove_state(sandbox_id)  # if runc could not (e.g. its init already gone)
         left = mounts.mounts_under(p.root)
         if left:  # never rmtree through a mount (a volume's or the host's files)
             raise RuntimeFailure(f"sandbox {sandbox_id}: still mounted: {', '.join(left)}")
@@ -462,6 +482,8 @@ class OciRuntime(Runtime):
         _check_id(sandbox_id)
         st = await self.runc.state(self.container_id(sandbox_id))
         if st is None:
+            if self.gvisor and hibernate.is_hibernated(self.paths(sandbox_id)):
+                return ContainerInfo(sandbox_id, ContainerState.PAUSED, reason=hibernate.REASON)
             return ContainerInfo(sandbox_id, ContainerState.MISSING)
         state = _STATES.get(st.get("status", ""), ContainerState.STOPPED)
         pid = st.get("pid") or None
@@ -473,7 +495,12 @@ class OciRuntime(Runtime):
         if info.state == ContainerState.PAUSED:
             return
         self._require_running(info)
-        await self.runc.pause(self.container_id(sandbox_id))
+        cid = self.container_id(sandbox_id)
+        if self.pause_modes.recorded(self.paths(sandbox_id)) == "hibernate":
+            async with self._locks[sandbox_id]:
+                await hibernate.hibernate(self.runc, cid, self.paths(sandbox_id))
+            return
+        await self.runc.pause(cid)
 
     async def resume(self, sandbox_id: str) -> None:
         info = await self.inspect(sandbox_id)
@@ -481,7 +508,14 @@ class OciRuntime(Runtime):
             return
         if info.state != ContainerState.PAUSED:
             self._require_running(info)
-        await self.runc.resume(self.container_id(sandbox_id))
+        cid = self.container_id(sandbox_id)
+        if info.reason == hibernate.REASON:
+            async with self._locks[sandbox_id]:
+                await runsc.address_sandbox_link(netns_name(cid))
+                await hibernate.restore(self.runc, cid, self.paths(sandbox_id),
+                                        self._execd_connect(cid))
+            return
+        await self.runc.resume(cid)
 
     @staticmethod
     def _require_running(info: ContainerInfo) -> None:
@@ -514,10 +548,14 @@ class OciRuntime(Runtime):
     async def _connect_container(self, container_id: str, port: int) -> socket.socket:
         if not 0 < port < 65536:
             raise InvalidRequest(f"port {port} is out of range (1-65535)")
-        ns = netns.netns_path(netns_name(container_id))
+        name = netns_name(container_id)
+        if self.gvisor:  # sockets live in gVisor's netstack, reached over the access veth
+            ns, host = netns.netns_path(runsc.access_netns_name(name)), runsc.GVISOR_ADDR
+        else:
+            ns, host = netns.netns_path(name), "127.0.0.1"
         if not ns.exists():
             raise NotFound(f"sandbox {container_id} not found")
-        return await self._connector.connect(ns, port)
+        return await self._connector.connect(ns, port, host)
 
     def _execd_connect(self, container_id: str) -> execd_client.Connect:
         return lambda: self._connect_container(container_id, self.execd_port)
@@ -592,7 +630,8 @@ class OciRuntime(Runtime):
         p = SandboxPaths.of(self.data_dir, cid)
         self.claims.add(spec.sandbox_id, cid)  # first: a crash from here on leaves a sandbox
         try:
-            pid = claimops.init_pid(self.runc.root, cid)
+            # gVisor keeps its hostname inside the sentry: not settable from the host.
+            pid = None if self.gvisor else claimops.init_pid(self.runc.root, cid)
             await asyncio.to_thread(self._claim_host_side, spec, cid, pid, p)
             if self.network is not None and spec.network_policy is not None:
                 await self.network.set_policy(cid, spec.network_policy)
@@ -613,17 +652,29 @@ class OciRuntime(Runtime):
             raise
         return True
 
-    def _claim_host_side(self, spec: SandboxSpec, cid: str, pid: int, p: SandboxPaths) -> None:
+    def _claim_host_side(
+        self, spec: SandboxSpec, cid: str, pid: int | None, p: SandboxPaths
+    ) -> None:
         """Limits, hostname and /etc/host{name,s}: one worker-thread hop."""
+        pids = self._host_pids(spec)
         claimops.apply_limits(cid, cpu_cores=spec.cpu_cores, memory_bytes=spec.memory_bytes,
-                              pids=min(spec.pids_limit, self.pids_limit), swap_limit=self._swap)
+                              pids=pids, swap_limit=self._swap)
+        if self.gvisor:  # a restore re-creates the cgroups from config.json: keep it in step
+            claimops.record_limits(p.config_json, cpu_cores=spec.cpu_cores,
+                                   memory_bytes=spec.memory_bytes, pids=pids,
+                                   swap_limit=self._swap)
         host = ocispec.hostname(spec)
-        claimops.set_hostname(pid, host)
+        if pid is not None:
+            claimops.set_hostname(pid, host)
         # Written in place: they are bind-mounted files, a new inode would not be seen.
         (p.etc / "hostname").write_text(host + "\n")
         (p.etc / "hosts").write_text(
             f"127.0.0.1\tlocalhost {host}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
         )
+
+    def _host_pids(self, spec: SandboxSpec) -> int:
+        limit = min(spec.pids_limit, self.pids_limit)
+        return runsc.host_pids_limit(limit) if self.gvisor else limit
 
     def _claim_env(self, spec: SandboxSpec, image: Image) -> dict[str, str]:
         """What a cold create would give the workload: defaults, image env, spec env."""

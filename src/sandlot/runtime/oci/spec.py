@@ -88,15 +88,20 @@ def workdir(image: Image) -> str:
 
 
 def process_args(
-    spec: SandboxSpec, image: Image, bundle: ExecdBundle, execd_port: int
+    spec: SandboxSpec, image: Image, bundle: ExecdBundle, execd_port: int,
+    execd_host: str | None = None,
 ) -> list[str]:
     """execd as PID 1, then (after ``--``) the user's entrypoint, which execd starts.
 
     execd listens on the namespace's loopback only: reachable from the host through the
-    runtime's ``connect`` and from the workload itself, never from other sandboxes.
+    runtime's ``connect`` and from the workload itself, never from other sandboxes. Under
+    gVisor it also listens on ``execd_host``, netstack's end of the access veth (the host
+    cannot reach gVisor's loopback).
     """
-    args = [*bundle.python_argv(), "-m", "sandlot.execd",
-            "--listen", f"tcp:127.0.0.1:{execd_port}",
+    listen = ["--listen", f"tcp:127.0.0.1:{execd_port}"]
+    if execd_host:
+        listen += ["--listen", f"tcp:{execd_host}:{execd_port}"]
+    args = [*bundle.python_argv(), "-m", "sandlot.execd", *listen,
             "--workdir", workdir(image), "--entrypoint-log", ENTRYPOINT_LOG]
     if spec.entrypoint:
         args += ["--", *spec.entrypoint]
@@ -153,6 +158,7 @@ def build_config(
     etc_dir: Path,
     swap_limit: bool,
     execd_port: int,
+    execd_host: str | None = None,
 ) -> dict[str, Any]:
     """The complete config.json for ``spec`` (rootfs is ``rootfs`` next to it)."""
     caps = list(CAPABILITIES)
@@ -163,7 +169,7 @@ def build_config(
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            "args": process_args(spec, image, bundle, execd_port),
+            "args": process_args(spec, image, bundle, execd_port, execd_host),
             "env": _env(spec, image, bundle),
             "cwd": workdir(image),
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},

@@ -1,0 +1,123 @@
+"""gVisor: create-to-Running and ``commands.run("true")`` on a runsc server, beside raw
+``runsc run -d`` + ``runsc exec``; hibernate and resume of a sandbox holding 256 MiB, with
+the host memory of its container before and after.
+
+Runs its own ``sandlot serve`` with ``[secure_runtime] type = "gvisor"`` (warm pool of 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+
+from opensandbox import SandboxManager
+
+from bench.baselines.runc import RuncBaseline
+from bench.env import BenchEnv
+from bench.results import Measured, Row, Target, ms
+from bench.sdk import Sandboxes
+from bench.server import SandlotServer
+
+BENCH = "gvisor"
+KEYS = ("gvisor.create", "gvisor.true_rtt", "gvisor.hibernate", "gvisor.resume")
+HIBERNATE_TARGET = Target("<=", 1000.0, "p50", "issue 10")
+HOLD_256 = ("nohup python3 -c 'import time; b = bytearray(256 << 20); "
+            "b[::4096] = b\"x\" * len(b[::4096]); time.sleep(86400)' >/dev/null 2>&1 &")
+
+
+class RunscBaseline(RuncBaseline):
+    """``runsc run -d`` / ``runsc exec`` on the same minimal bundle (gVisor's own network
+    stack with no interface: ``--network=none``)."""
+
+    _FLAGS = {"-d": "--detach", "-f": "--force"}  # runsc takes only the long forms
+
+    def _runc(self, *args: str) -> list[str]:
+        return [self.binary, "--root", str(self.state), "--network=none",
+                *(self._FLAGS.get(a, a) for a in args)]
+
+
+def _container_memory_mb(server: SandlotServer, sandbox_id: str) -> float:
+    claims = server.data_dir / "pool" / "claims" / sandbox_id
+    cid = claims.read_text().strip() if claims.exists() else sandbox_id
+    usage = f"/sys/fs/cgroup/memory/sandlot/{cid}/memory.usage_in_bytes"
+    try:
+        with open(usage) as fh:
+            return int(fh.read()) / 1e6
+    except OSError:
+        return 0.0
+
+
+async def run(env: BenchEnv) -> list[Row]:
+    if shutil.which("runsc") is None:
+        env.note("gvisor: runsc is not installed; rows skipped")
+        return [Row(k, BENCH, k, "ms", None, note="runsc not installed") for k in KEYS]
+    runs = 3 if env.quick else 20
+    server = SandlotServer(image_cache=env.image_cache, warm_pool_size=2,
+                           extra_config='\n[secure_runtime]\ntype = "gvisor"\n')
+    await asyncio.to_thread(server.start)
+    sandboxes = Sandboxes(server, "gvisor-bench")
+    rows: list[Row] = []
+    try:
+        create_s, rtt = [], []
+        for _ in range(runs):
+            await asyncio.sleep(3.0)  # the warm pool refills between creates (runsc: ~1-2 s)
+            sandbox, seconds = await sandboxes.create()
+            create_s.append(seconds)
+            await sandbox.commands.run("true")
+            t0 = time.perf_counter()
+            await sandbox.commands.run("true")
+            rtt.append(time.perf_counter() - t0)
+            await sandboxes.delete(sandbox)
+
+        raw = RunscBaseline(env.rootfs(), env.workdir / "runsc", binary="runsc", prefix="gvb")
+        raw.prepare()
+        raw_run, raw_exec = [], []
+        try:
+            for _ in range(runs):
+                cid, seconds = await asyncio.to_thread(raw.run_detached)
+                raw_run.append(seconds)
+                raw_exec.append(await asyncio.to_thread(raw.exec, cid, "true"))
+                await asyncio.to_thread(raw.delete, cid)
+        finally:
+            for cid in list(raw.running):
+                raw.delete(cid)
+        rows.append(Row("gvisor.create", BENCH, "create to Running (runsc)", "ms",
+                        Measured("sandlot", ms(create_s)),
+                        baselines=[Measured("runsc run -d", ms(raw_run))]))
+        rows.append(Row("gvisor.true_rtt", BENCH, 'commands.run("true") (runsc)', "ms",
+                        Measured("sandlot", ms(rtt)),
+                        baselines=[Measured("runsc exec", ms(raw_exec))]))
+
+        hib, res, before, after = [], [], [], []
+        manager = await SandboxManager.create(connection_config=sandboxes.config())
+        try:
+            for _ in range(2 if env.quick else 5):
+                sandbox, _ = await sandboxes.create(
+                    extensions={"sandlot.pause.mode": "hibernate"},
+                    resource={"cpu": "1", "memory": "1Gi"})
+                await sandbox.commands.run(HOLD_256)
+                await asyncio.sleep(2.0)
+                before.append(_container_memory_mb(server, sandbox.id))
+                t0 = time.perf_counter()
+                await manager.pause_sandbox(sandbox.id)
+                hib.append(time.perf_counter() - t0)
+                after.append(_container_memory_mb(server, sandbox.id))
+                t0 = time.perf_counter()
+                await manager.resume_sandbox(sandbox.id)
+                res.append(time.perf_counter() - t0)
+                await sandboxes.delete(sandbox)
+        finally:
+            await manager.close()
+        mem = (f"container memory before {sum(before) / len(before):.0f} MB, "
+               f"after hibernate {sum(after) / len(after):.0f} MB")
+        rows.append(Row("gvisor.hibernate", BENCH, "hibernate, 256 MiB held (API pause)", "ms",
+                        Measured("sandlot", ms(hib)), target=HIBERNATE_TARGET, note=mem))
+        rows.append(Row("gvisor.resume", BENCH, "resume from hibernation (API resume)", "ms",
+                        Measured("sandlot", ms(res)), target=HIBERNATE_TARGET))
+    finally:
+        await sandboxes.delete_all()
+        await sandboxes.aclose()
+        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(server.remove)
+    return rows

@@ -1,0 +1,119 @@
+"""Hibernation under gVisor: a paused sandbox's processes and memory go to disk and back.
+
+``hibernate`` asks execd to let go of what runsc cannot save (its listeners and the
+connections on them; SIGUSR2 through ``runsc kill``) and waits for execd's answer, a line
+``sandlot-hibernation: ok`` (or the reason it cannot) on execd's stderr, which is the
+container log on the host. It then ``runsc checkpoint``s the container into ``<sandbox
+dir>/hibernate/`` (the sentry exits: its memory is freed) and deletes runsc's state of it.
+``restore`` starts it again from that image with ``runsc restore`` (processes, memory, open
+files and sockets as they were), tells execd to listen again (SIGUSR1) and waits for
+``/ping``. The image on disk is all that is needed, so a hibernated sandbox survives a
+restart (or ``kill -9``) of the server.
+
+Limits of the runsc build sandlot runs (Debian's, 2022): it cannot save TCP sockets in
+TIME_WAIT and similar states, nor TCP sockets a process watches with epoll; execd checks
+for both before the checkpoint and refuses with the reason (the sandbox keeps running),
+because a failed ``runsc checkpoint`` ends the sandbox. A process in the sandbox could
+write a false answer to execd's stderr: that only makes its own sandbox's checkpoint fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from sandlot.errors import Conflict, RuntimeFailure
+from sandlot.runtime import execd_client
+from sandlot.runtime.oci.layout import SandboxPaths
+from sandlot.runtime.oci.runc import Runc
+
+QUIESCE_SIGNAL = "USR2"  # execd: close listeners and connections, answer on stderr
+RELISTEN_SIGNAL = "USR1"  # execd: listen again (after a restore, or after a refusal)
+ANSWER_PREFIX = "sandlot-hibernation: "  # execd/hibernation.py writes it
+QUIESCE_TIMEOUT = 10.0
+READY_TIMEOUT = 60.0
+IMAGE_FILE = "checkpoint.img"
+REASON = "hibernated"
+
+log = logging.getLogger(__name__)
+
+
+def image_dir(p: SandboxPaths) -> Path:
+    return p.root / "hibernate"
+
+
+def is_hibernated(p: SandboxPaths) -> bool:
+    return (image_dir(p) / IMAGE_FILE).exists() and not (image_dir(p) / ".partial").exists()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+async def _wait_answer(log_file: Path, offset: int, timeout: float) -> str:
+    """execd's answer: the first answer line written to ``log_file`` after ``offset``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        with open(log_file, "rb") as fh:
+            fh.seek(offset)
+            for raw in fh.read().decode(errors="replace").splitlines():
+                if raw.startswith(ANSWER_PREFIX):
+                    return raw[len(ANSWER_PREFIX):].strip()
+        if loop.time() > deadline:
+            raise RuntimeFailure(f"execd did not prepare for hibernation within {timeout:.0f}s")
+        await asyncio.sleep(0.01)
+
+
+async def hibernate(runc: Runc, container_id: str, p: SandboxPaths) -> None:
+    """Checkpoint a running container to disk and stop it (see module docstring)."""
+    t0 = time.perf_counter()
+    offset = _size(p.container_log)
+    await runc.kill(container_id, QUIESCE_SIGNAL)
+    t_kill = time.perf_counter()
+    answer = await _wait_answer(p.container_log, offset, QUIESCE_TIMEOUT)
+    t_quiet = time.perf_counter()
+    if answer != "ok":
+        await runc.kill(container_id, RELISTEN_SIGNAL)
+        raise Conflict(f"sandbox cannot hibernate: {answer}", code="SANDBOX_STATE_CONFLICT")
+    images = image_dir(p)
+    shutil.rmtree(images, ignore_errors=True)
+    images.mkdir(mode=0o700)
+    (images / ".partial").touch()
+    try:
+        await runc.checkpoint(container_id, images, p.runc_log)
+    except RuntimeFailure as exc:
+        shutil.rmtree(images, ignore_errors=True)
+        raise RuntimeFailure(f"runsc checkpoint failed, the sandbox's processes are lost: "
+                             f"{exc.message}") from exc
+    t_saved = time.perf_counter()
+    (images / ".partial").unlink()
+    await runc.delete_force(container_id)  # the stopped container's state; the image stays
+    log.info("hibernated %s: signal %.0f ms, execd quiet %.0f ms, checkpoint %.0f ms, "
+             "delete %.0f ms", container_id, (t_kill - t0) * 1e3, (t_quiet - t_kill) * 1e3,
+             (t_saved - t_quiet) * 1e3, (time.perf_counter() - t_saved) * 1e3)
+
+
+async def restore(
+    runc: Runc, container_id: str, p: SandboxPaths, connect: execd_client.Connect
+) -> None:
+    """Start a hibernated container again from its image and wait for execd."""
+    images = image_dir(p)
+    runc.remove_state(container_id)
+    t0 = time.perf_counter()
+    await runc.restore(container_id, p.bundle, images, p.container_log, p.runc_log)
+    t_restored = time.perf_counter()
+    await runc.kill(container_id, RELISTEN_SIGNAL)
+    t_kill = time.perf_counter()
+    await execd_client.wait_ready(connect, None, READY_TIMEOUT)
+    t_ping = time.perf_counter()
+    shutil.rmtree(images, ignore_errors=True)
+    log.info("restored %s: restore %.0f ms, signal %.0f ms, execd answers %.0f ms",
+             container_id, (t_restored - t0) * 1e3, (t_kill - t_restored) * 1e3,
+             (t_ping - t_kill) * 1e3)

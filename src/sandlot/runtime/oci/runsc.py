@@ -1,0 +1,117 @@
+"""What runsc (gVisor) needs beyond the runc command line sandlot already speaks.
+
+Network: runsc runs with its own network stack (``--network=sandbox``, netstack), so a
+sandbox's sockets live inside gVisor, not in the Linux network namespace. netstack takes
+over every non-loopback interface of the sandbox's namespace at start, so the host reaches
+ports inside through a veth pair whose sandbox end (``gv0``, ``GVISOR_ADDR``) gVisor owns and
+whose other end sits in a second, per-sandbox *access* namespace (``<netns>-a``) that only
+the server enters (``connect`` setns()es there and dials ``GVISOR_ADDR``). Nothing is added
+to the host's own namespace. netstack (unlike ``--network=host``) can be checkpointed,
+which hibernation needs.
+
+The Debian runsc build (2022) refuses ``--network=sandbox`` on Linux >= 6.x: it decides
+"this is the root network namespace" by the presence of ``/proc/sys/net/core/rmem_default``,
+which newer kernels show in every namespace. ``run``/``restore`` are therefore started in a
+private mount namespace (``unshare``) where ``/proc/sys/net`` is covered by an empty tmpfs;
+the namespace given to runsc is always the sandbox's own, never the host's.
+
+execd listens on TCP inside gVisor on loopback and on ``GVISOR_ADDR``; the server reaches
+it, like any port, through the access namespace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandlot.errors import RuntimeFailure
+from sandlot.runtime.hosttools import run_tool
+from sandlot.runtime.oci import netns
+
+GVISOR_ADDR = "198.19.255.254"  # the sandbox end, owned by netstack (RFC 2544 test range)
+ACCESS_ADDR = "198.19.255.253"  # the access namespace's end
+PREFIX = 30
+SANDBOX_LINK = "gv0"
+ACCESS_LINK = "gva"
+ACCESS_SUFFIX = "-a"
+
+
+# Host threads of an idle sandbox (sentry, gofer, ptrace stubs) and per guest process,
+# measured with the ptrace platform: ~80 and ~9.
+PIDS_BASE = 256
+PIDS_PER_PROCESS = 10
+
+
+def host_pids_limit(guest_limit: int) -> int:
+    """``pids.max`` for a gVisor sandbox's host cgroup.
+
+    Guest processes are not host processes under gVisor: the host cgroup counts the
+    sentry's threads and ptrace stubs. The limit is scaled so that a fork bomb inside is
+    stopped on the host; the guest's exact process count is not enforced by this runsc.
+    """
+    return PIDS_BASE + PIDS_PER_PROCESS * guest_limit
+
+
+def global_args(platform: str) -> list[str]:
+    return [f"--platform={platform}", "--network=sandbox"]
+
+
+def with_netns_check_hidden(argv: list[str]) -> list[str]:
+    """``argv`` run where ``/proc/sys/net`` is empty (see module docstring)."""
+    return ["unshare", "--mount", "--propagation", "slave", "sh", "-c",
+            'mount -t tmpfs -o size=4k,mode=0555 sandlot-hide /proc/sys/net && exec "$@"',
+            "sh", *argv]
+
+
+def access_netns_name(sandbox_netns: str) -> str:
+    return sandbox_netns + ACCESS_SUFFIX
+
+
+async def _ip(*args: str) -> None:
+    res = await run_tool(["ip", *args])
+    if not res.ok:
+        msg = res.stderr.decode(errors="replace").strip()
+        raise RuntimeFailure(f"ip {' '.join(args)} failed: {msg}")
+
+
+async def create_access(sandbox_netns: str) -> Path:
+    """The access namespace and the veth pair into the sandbox's namespace."""
+    access = access_netns_name(sandbox_netns)
+    path = await netns.create_netns(access)
+    try:
+        await _ip("-n", sandbox_netns, "link", "add", SANDBOX_LINK, "type", "veth",
+                  "peer", "name", ACCESS_LINK, "netns", access)
+        await _ip("-n", access, "addr", "add", f"{ACCESS_ADDR}/{PREFIX}", "dev", ACCESS_LINK)
+        await _ip("-n", access, "link", "set", ACCESS_LINK, "up")
+        await _ip("-n", sandbox_netns, "link", "set", SANDBOX_LINK, "up")
+        await address_sandbox_link(sandbox_netns)
+    except BaseException:
+        await netns.delete_netns(access)
+        raise
+    return path
+
+
+async def address_sandbox_link(sandbox_netns: str) -> None:
+    """(Re-)address ``gv0`` before ``run``/``restore``: netstack copies the address from
+    the namespace and removes it there, so a restore finds none."""
+    await _ip("-n", sandbox_netns, "addr", "replace", f"{GVISOR_ADDR}/{PREFIX}",
+              "dev", SANDBOX_LINK)
+
+
+async def delete_access(sandbox_netns: str) -> None:
+    """Remove the access namespace (its veth end goes with it, and the peer with that)."""
+    await netns.delete_netns(access_netns_name(sandbox_netns))
+
+
+def state_files(root: Path, container_id: str) -> list[Path]:
+    """runsc keeps ``<sandbox>_sandbox:<container>.{state,lock}`` files, not runc's dirs."""
+    if not root.is_dir():
+        return []
+    return [p for p in root.iterdir() if p.name.endswith((f"_sandbox:{container_id}.state",
+                                                          f"_sandbox:{container_id}.lock"))]
+
+
+def container_ids(root: Path) -> set[str]:
+    if not root.is_dir():
+        return set()
+    return {p.name.rsplit("_sandbox:", 1)[1][: -len(".state")]
+            for p in root.iterdir() if p.name.endswith(".state") and "_sandbox:" in p.name}
