@@ -18,7 +18,15 @@ from sandlot.images.model import Image
 from sandlot.runtime.base import ContainerState
 from sandlot.runtime.oci import OciRuntime, runsc
 from sandlot.runtime.oci.layout import netns_name
-from tests.runtime.helpers import leftovers, needs_root, short_tmpdir, spec, wait_ping
+from tests.runtime.helpers import (
+    TEST_IMAGES,
+    execd_client,
+    leftovers,
+    needs_root,
+    short_tmpdir,
+    spec,
+    wait_ping,
+)
 
 MIB = 1 << 20
 
@@ -37,7 +45,7 @@ def gvisor_data_dir() -> AsyncIterator[Path]:
 async def gvisor(gvisor_data_dir: Path) -> AsyncIterator[OciRuntime]:
     cfg = Config.model_validate({"data_dir": str(gvisor_data_dir), "secure_runtime":
                                  {"type": "gvisor"}, "runtime": {"warm_pool_size": 0}})
-    rt = await OciRuntime.open(cfg)
+    rt = await OciRuntime.open(cfg, images=TEST_IMAGES)
     try:
         yield rt
     finally:
@@ -45,14 +53,23 @@ async def gvisor(gvisor_data_dir: Path) -> AsyncIterator[OciRuntime]:
         for sid in ids:
             await rt.delete(sid)
         await rt.close()
-        left = {sid: what for sid in ids if (what := leftovers(rt, sid))}
+        left = {sid: what for sid in ids if (what := gone_check(rt, sid))}
         assert not left, left
+
+
+def gone_check(rt: OciRuntime, sid: str) -> list[str]:
+    """``leftovers`` plus what only gVisor sandboxes have (access netns, runsc state)."""
+    found = leftovers(rt, sid)
+    if Path("/run/netns", runsc.access_netns_name(netns_name(sid))).exists():
+        found.append("access netns")
+    if rt.runc.has_state(sid):
+        found.append("runsc state")
+    return found
 
 
 async def sh(rt: OciRuntime, sid: str, command: str) -> tuple[int, str]:
     """Run a command through the sandbox's execd (its unix socket): exit code, output."""
-    transport = httpx.AsyncHTTPTransport(uds=str(rt.execd_socket(sid)))
-    async with httpx.AsyncClient(transport=transport, base_url="http://execd") as client:
+    async with execd_client(rt, sid) as client:
         r = await client.post("/command", json={"command": command}, timeout=60)
     out, code = [], -1
     for line in r.text.splitlines():
@@ -83,7 +100,7 @@ async def test_gvisor_sandbox_isolation_and_cleanup(gvisor: OciRuntime, rt_image
     await sh(gvisor, sid, "nohup python3 -m http.server 8080 >/dev/null 2>&1 &")
     for _ in range(100):
         try:
-            reader, writer = await gvisor.open_connection(sid, 8080)
+            reader, writer = await asyncio.open_connection(sock=await gvisor.connect(sid, 8080))
             break
         except OSError:
             await asyncio.sleep(0.1)
@@ -100,8 +117,7 @@ async def test_gvisor_sandbox_isolation_and_cleanup(gvisor: OciRuntime, rt_image
     assert "kept" not in out
     print("state after exceeding memory:", (await gvisor.inspect(sid)).state)
     await gvisor.delete(sid)
-    assert not leftovers(gvisor, sid)
-    assert not Path("/run/netns", runsc.access_netns_name(netns_name(sid))).exists()
+    assert not gone_check(gvisor, sid)
 
 
 async def test_gvisor_freeze_and_refused_hibernation(gvisor: OciRuntime, rt_image: Image) -> None:
@@ -114,7 +130,7 @@ async def test_gvisor_freeze_and_refused_hibernation(gvisor: OciRuntime, rt_imag
                           "  s = await asyncio.start_server(lambda r, w: None, \"0.0.0.0\", 8001)\n"
                           "  await s.serve_forever()\nasyncio.run(m())' >/dev/null 2>&1 &")
     for _ in range(100):
-        code, out = await sh(gvisor, sid, "grep -c ' 0A ' /proc/net/tcp || true")
+        code, out = await sh(gvisor, sid, "grep -c ':1F41 ' /proc/net/tcp || true")
         if out.strip() not in ("", "0"):
             break
         await asyncio.sleep(0.1)
@@ -141,7 +157,7 @@ async def test_gvisor_pids_limit_holds(gvisor: OciRuntime, rt_image: Image) -> N
         out = ""
     assert "forked 300" not in out
     await gvisor.delete(sid)
-    assert not leftovers(gvisor, sid)
+    assert not gone_check(gvisor, sid)
 
 
 async def test_gvisor_warm_claim_hibernates_with_its_limits(
@@ -153,12 +169,13 @@ async def test_gvisor_warm_claim_hibernates_with_its_limits(
         "data_dir": str(gvisor_data_dir), "secure_runtime": {"type": "gvisor"},
         "runtime": {"warm_pool_size": 1, "warm_pool_images": [rt_image.name],
                     "pause_mode": "hibernate"}})
-    rt = await OciRuntime.open(cfg)
+    rt = await OciRuntime.open(cfg, images=TEST_IMAGES)
     sid = "gv-warm"
     try:
-        await rt.prewarm(rt_image)
+        await rt.prewarm(TEST_IMAGES.add(rt_image))
         await rt.pool.wait_full(rt_image.name, timeout=120)
-        assert await rt.create(spec(sid, rt_image, memory_bytes=512 * MIB)) is True  # claimed
+        created = await rt.create(spec(sid, rt_image, memory_bytes=512 * MIB))
+        assert created.execd_ready  # a claimed warm container
         cid = rt.container_id(sid)
         assert cid != sid
         await sh(rt, sid, "nohup sleep 600 >/dev/null 2>&1 &")
@@ -178,4 +195,4 @@ async def test_gvisor_warm_claim_hibernates_with_its_limits(
         for s in await rt.list_ids():
             await rt.delete(s)
         await rt.close()
-        assert not leftovers(rt, sid)
+        assert not gone_check(rt, sid)

@@ -70,6 +70,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         help="a warm-pool execd: serve POST /_sandlot/claim once; the entrypoint comes with it",
     )
     parser.add_argument(
+        "--keep-alive-timeout", type=float, default=5.0,
+        help="seconds an idle HTTP connection is kept before execd closes it (under gVisor "
+             "the host sets it long: the closing side keeps TIME_WAIT, which blocks hibernation)",
+    )
+    parser.add_argument(
         "--interrupt-grace", type=float, default=3.0, help="seconds between SIGINT/SIGTERM/SIGKILL"
     )
     ns = parser.parse_args(args)
@@ -184,6 +189,7 @@ async def _serve(
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=1,
+        timeout_keep_alive=ns.keep_alive_timeout,
         ws=_websocket_protocol,
         ws_ping_interval=30,
         server_header=False,

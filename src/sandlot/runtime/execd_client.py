@@ -27,8 +27,13 @@ async def request(
     connect: Connect, method: str, path: str, *, token: str | None = None,
     body: bytes | None = None, timeout: float = 2.0, read_body: bool = True,
 ) -> tuple[int, bytes]:
-    """One HTTP/1.1 request (``Connection: close``); returns the status and the body."""
-    head = [f"{method} {path} HTTP/1.1", "Host: execd", "Connection: close"]
+    """One HTTP/1.1 request; returns the status and the body.
+
+    The host closes the connection once it has the answer (``Content-Length`` bytes), not
+    execd: the side that closes first keeps the connection in TIME_WAIT, and under gVisor
+    that side is the sandbox's netstack, which cannot be checkpointed with such a socket.
+    """
+    head = [f"{method} {path} HTTP/1.1", "Host: execd"]
     if token:
         head.append(f"{TOKEN_HEADER}: {token}")
     if body is not None:
@@ -38,7 +43,7 @@ async def request(
         reader, writer = await asyncio.open_connection(sock=sock)
         try:
             writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + (body or b""))
-            raw = await reader.read() if read_body else await reader.readline()
+            raw = await _read_answer(reader) if read_body else await reader.readline()
         finally:
             writer.close()
             with contextlib.suppress(OSError):
@@ -48,6 +53,18 @@ async def request(
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
         raise ConnectionError(f"execd answered no HTTP status: {raw[:100]!r}")
     return int(parts[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> bytes:
+    """Status line, headers and a ``Content-Length`` body (or up to EOF without one)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = None
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length" and value.strip().isdigit():
+            length = int(value.strip())
+    body = await (reader.readexactly(length) if length is not None else reader.read())
+    return head + body
 
 
 async def ping(connect: Connect, token: str | None = None, timeout: float = 2.0) -> int:

@@ -16,6 +16,8 @@ from sandlot.runtime.oci.seccomp import seccomp_profile
 # A tmpfs of the sandbox's own (never a host directory: the server must not follow anything
 # the sandbox can write). execd listens on TCP in the sandbox's network namespace instead.
 RUN_DIR = "/run/sandlot"
+# Under gVisor execd leaves idle connections for the client to close (see execd_client).
+GVISOR_KEEP_ALIVE = 3600
 ENTRYPOINT_LOG = f"{RUN_DIR}/entrypoint.log"
 WORKSPACE = "/workspace"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -100,7 +102,8 @@ def process_args(
     """
     listen = ["--listen", f"tcp:127.0.0.1:{execd_port}"]
     if execd_host:
-        listen += ["--listen", f"tcp:{execd_host}:{execd_port}"]
+        listen += ["--listen", f"tcp:{execd_host}:{execd_port}",
+                   "--keep-alive-timeout", str(GVISOR_KEEP_ALIVE)]
     args = [*bundle.python_argv(), "-m", "sandlot.execd", *listen,
             "--workdir", workdir(image), "--entrypoint-log", ENTRYPOINT_LOG]
     if spec.entrypoint:
