@@ -8,11 +8,13 @@ sandbox as ``MISSING``; ``capabilities`` is filled in. A new backend adds a fact
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
+from sandlot.config import Config
 from sandlot.errors import InvalidRequest, NotFound, SandlotError
 from sandlot.images.model import Image
 from sandlot.runtime import execd_client
@@ -24,6 +26,7 @@ from sandlot.runtime.base import (
     RuntimeCapabilities,
     SandboxSpec,
 )
+from sandlot.runtime.oci import OciRuntime
 from sandlot.runtime.registry import runtime_class
 from tests.runtime.helpers import TEST_IMAGES, open_runtime
 
@@ -46,10 +49,28 @@ async def _docker(
     return await open_docker_runtime(data_dir, network_mode="none"), ImageRef(tag)
 
 
+async def _oci_gvisor(
+    request: pytest.FixtureRequest, data_dir: Path, image: Image
+) -> tuple[Runtime, ImageRef]:
+    """The oci runtime with ``[secure_runtime] type = "gvisor"`` (runsc), in a data dir of
+    its own (runc and runsc state must not mix) sharing the session's execd bundle."""
+    if shutil.which("runsc") is None:
+        pytest.skip("runsc is not installed")
+    gv = data_dir.with_name(data_dir.name + "-gv")
+    gv.mkdir(exist_ok=True)
+    bundle = gv / "execd-bundle"
+    if not bundle.exists():
+        (data_dir / "execd-bundle").mkdir(parents=True, exist_ok=True)
+        bundle.symlink_to(data_dir / "execd-bundle")
+    cfg = Config.model_validate({"data_dir": str(gv), "secure_runtime": {"type": "gvisor"}})
+    return await OciRuntime.open(cfg, images=TEST_IMAGES), TEST_IMAGES.add(image)
+
+
 Factory = Callable[[pytest.FixtureRequest, Path, Image], Awaitable[tuple[Runtime, ImageRef]]]
 BACKENDS: dict[str, Factory] = {
     "oci": _oci,
     "docker": _docker,
+    "oci-gvisor": _oci_gvisor,
 }
 
 
