@@ -54,7 +54,7 @@ async def test_gvisor_kernel_inside(sandlot_server: SandlotServer) -> None:
     )
     try:
         run = await sandbox.commands.run("uname -r; dmesg | head -n 3; ls /host 2>&1 | head -1")
-        out = "".join(m.text for m in run.logs.stdout)
+        out = "\n".join(m.text.rstrip("\n") for m in run.logs.stdout)
         assert run.exit_code == 0, run
         assert out.splitlines()[0] == "4.4.0"  # gVisor's kernel version, not the host's
         assert "gVisor" in out  # dmesg is gVisor's own boot log

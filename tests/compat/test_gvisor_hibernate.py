@@ -62,7 +62,7 @@ def container_memory(server: SandlotServer, sandbox_id: str) -> int:
 async def stdout_of(sandbox: Sandbox, command: str) -> str:
     run = await sandbox.commands.run(command)
     assert run.exit_code == 0, run
-    return "".join(m.text for m in run.logs.stdout).strip()
+    return "\n".join(m.text.rstrip("\n") for m in run.logs.stdout).strip()
 
 
 @pytest.fixture

@@ -68,20 +68,22 @@ def gone_check(rt: OciRuntime, sid: str) -> list[str]:
 
 
 async def sh(rt: OciRuntime, sid: str, command: str) -> tuple[int, str]:
-    """Run a command through the sandbox's execd (its unix socket): exit code, output."""
+    """Run a command through the sandbox's execd: exit code (0/1), output lines."""
     async with execd_client(rt, sid) as client:
         r = await client.post("/command", json={"command": command}, timeout=60)
     out, code = [], -1
     for line in r.text.splitlines():
-        if line.startswith("data: "):
-            event = json.loads(line[6:])
-            if event["type"] in ("stdout", "stderr"):
-                out.append(event["text"])
-            elif event["type"] == "execution_complete":
-                code = event.get("exit_code", 0)
-            elif event["type"] == "error":
-                code = 1
-    return code, "".join(out)
+        line = line.removeprefix("data: ").strip()
+        if not line.startswith("{"):
+            continue
+        event = json.loads(line)
+        if event["type"] in ("stdout", "stderr"):
+            out.append(event["text"].rstrip("\n"))
+        elif event["type"] == "execution_complete":
+            code = 0
+        elif event["type"] == "error":
+            code = 1
+    return code, "".join(f"{text}\n" for text in out)
 
 
 async def test_gvisor_sandbox_isolation_and_cleanup(gvisor: OciRuntime, rt_image: Image) -> None:
