@@ -18,9 +18,10 @@ _FILE = "pause_mode"
 
 
 class PauseModes:
-    def __init__(self, default: str, gvisor: bool) -> None:
+    def __init__(self, default: str, gvisor: bool, networked: bool = False) -> None:
         self.default = default
         self.gvisor = gvisor
+        self.networked = networked
 
     def of_spec(self, spec: Any) -> str:
         """The mode a create asks for; ``InvalidRequest`` for a bad or unsupported one."""
@@ -34,6 +35,12 @@ class PauseModes:
             raise InvalidRequest(
                 f'extensions[{PAUSE_MODE_KEY!r}] = "hibernate" needs the gVisor runtime '
                 '([secure_runtime] type = "gvisor"); this server runs runc, which can only freeze'
+            )
+        if mode == "hibernate" and self.networked:
+            raise InvalidRequest(
+                f'extensions[{PAUSE_MODE_KEY!r}] = "hibernate" is not available with '
+                '[network] mode = "isolated" yet (a restored sandbox would lose its outbound '
+                "address)"
             )
         return mode
 

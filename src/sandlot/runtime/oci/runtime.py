@@ -137,7 +137,9 @@ class OciRuntime(Runtime):
         # A policy is enforced in mode "isolated" and trivially met in "none" (nothing
         # leaves the sandbox).
         self.capabilities = RuntimeCapabilities(
-            pause=True, snapshots=True, pools=True, hibernate=self.gvisor,
+            # Hibernation needs gVisor and, for now, no outbound network: a restored netstack
+            # would come back without the sandbox's veth address (not re-applied yet).
+            pause=True, snapshots=True, pools=True, hibernate=self.gvisor and network is None,
             isolation=self.binary.isolation,
             platforms=frozenset({HOST_PLATFORM}), network_policy=True,
             volume_kinds=frozenset({"host", "pvc"}), disk_limit=True,
@@ -149,7 +151,8 @@ class OciRuntime(Runtime):
         self.default_disk_bytes = default_disk_bytes
         self.runc = Runc(binary, data_dir / "runc", gvisor=self.gvisor,
                          global_args=runsc.global_args(runsc_platform) if self.gvisor else ())
-        self.pause_modes = PauseModes(default=pause_mode, gvisor=self.gvisor)
+        self.pause_modes = PauseModes(default=pause_mode, gvisor=self.gvisor,
+                                      networked=network is not None)
         self.bundle = bundle
         self.pids_limit = pids_limit
         self._swap = _swap_limit_supported()
@@ -176,6 +179,11 @@ class OciRuntime(Runtime):
             raise RuntimeFailure("iproute2's 'ip' is required for sandbox network namespaces")
         if binary.is_gvisor and shutil.which("unshare") is None:
             raise RuntimeFailure("util-linux's 'unshare' is required to start runsc sandboxes")
+        if cfg.runtime.pause_mode == "hibernate" and cfg.network.mode == "isolated":
+            raise RuntimeFailure(
+                '[runtime] pause_mode = "hibernate" is not available with [network] mode = '
+                '"isolated" yet (a restored sandbox would lose its outbound address); use '
+                'mode = "none" or pause_mode = "freeze"')
         if cfg.runtime.pause_mode == "hibernate" and not binary.is_gvisor:
             raise RuntimeFailure(
                 '[runtime] pause_mode = "hibernate" needs gVisor ([secure_runtime] type = '
