@@ -89,7 +89,28 @@ async def run(env: BenchEnv) -> list[Row]:
                         Measured("sandlot", ms(rtt)),
                         baselines=[Measured("runsc exec", ms(raw_exec))]))
 
-        hib, res, before, after = [], [], [], []
+        rows += await _hibernation_rows(env, server, sandboxes)
+    except Exception as exc:  # noqa: BLE001 - reported on the rows, the run goes on
+        why = f"failed: {type(exc).__name__}: {exc}"[:300]
+        env.note(f"gvisor: {why}; server log: {server.log_tail(5)}")
+        done = {r.key for r in rows}
+        rows += [Row(k, BENCH, k, "ms", None, note=why) for k in KEYS if k not in done]
+    finally:
+        await sandboxes.delete_all()
+        await sandboxes.aclose()
+        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(server.remove)
+    return rows
+
+
+async def _hibernation_rows(env: BenchEnv, server: SandlotServer, sandboxes: Sandboxes
+                            ) -> list[Row]:
+    """The hibernate/resume rows; a failure is reported on the rows (with its reason)."""
+    hib: list[float] = []
+    res: list[float] = []
+    before: list[float] = []
+    after: list[float] = []
+    try:
         manager = await SandboxManager.create(connection_config=sandboxes.config())
         try:
             for _ in range(2 if env.quick else 5):
@@ -109,15 +130,14 @@ async def run(env: BenchEnv) -> list[Row]:
                 await sandboxes.delete(sandbox)
         finally:
             await manager.close()
-        mem = (f"container memory before {sum(before) / len(before):.0f} MB, "
-               f"after hibernate {sum(after) / len(after):.0f} MB")
-        rows.append(Row("gvisor.hibernate", BENCH, "hibernate, 256 MiB held (API pause)", "ms",
-                        Measured("sandlot", ms(hib)), target=HIBERNATE_TARGET, note=mem))
-        rows.append(Row("gvisor.resume", BENCH, "resume from hibernation (API resume)", "ms",
-                        Measured("sandlot", ms(res)), target=HIBERNATE_TARGET))
-    finally:
-        await sandboxes.delete_all()
-        await sandboxes.aclose()
-        await asyncio.to_thread(server.stop)
-        await asyncio.to_thread(server.remove)
-    return rows
+    except Exception as exc:  # noqa: BLE001 - reported on the rows, the run goes on
+        why = f"failed after {len(hib)} round(s): {type(exc).__name__}: {exc}"[:300]
+        env.note(f"gvisor hibernation: {why}")
+        return [Row(k, BENCH, k, "ms", None, note=why)
+                for k in ("gvisor.hibernate", "gvisor.resume")]
+    mem = (f"container memory before {sum(before) / len(before):.0f} MB, "
+           f"after hibernate {sum(after) / len(after):.0f} MB")
+    return [Row("gvisor.hibernate", BENCH, "hibernate, 256 MiB held (API pause)", "ms",
+                Measured("sandlot", ms(hib)), target=HIBERNATE_TARGET, note=mem),
+            Row("gvisor.resume", BENCH, "resume from hibernation (API resume)", "ms",
+                Measured("sandlot", ms(res)), target=HIBERNATE_TARGET)]
