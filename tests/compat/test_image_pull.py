@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from opensandbox import Sandbox
 from opensandbox.config import ConnectionConfig
@@ -20,6 +21,31 @@ from tests.compat.conftest import SandlotServer
 from tests.conftest import LocalRegistry
 
 pytestmark = pytest.mark.backends("oci", "docker")
+
+
+def create_expecting_pull_failure(c: httpx.Client, body: dict) -> str:
+    """Create a sandbox whose image cannot be pulled; returns the reported message.
+
+    The reference answers the create itself with 500 ``DOCKER::SANDBOX_IMAGE_PULL_FAILED``;
+    sandlot does when the pull fails within ``server.create_wait_seconds``, and otherwise
+    answers Pending and then reports ``Failed`` / ``PROVISIONING_ERROR`` with the same message.
+    """
+    r = c.post("/v1/sandboxes", json=body)
+    if r.status_code == 500:
+        err = r.json()
+        assert err["code"] == "DOCKER::SANDBOX_IMAGE_PULL_FAILED", err
+        return str(err["message"])
+    assert r.status_code == 202, r.text
+    sid = r.json()["id"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status = c.get(f"/v1/sandboxes/{sid}").json()["status"]
+        if status["state"] != "Pending":
+            break
+        time.sleep(0.2)
+    assert status["state"] == "Failed" and status["reason"] == "PROVISIONING_ERROR", status
+    assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
+    return str(status["message"])
 
 
 @pytest.fixture
@@ -44,20 +70,12 @@ async def test_create_pulls_with_auth(
     assert auth_registry.auth is not None
     cfg = ConnectionConfig(domain=sandlot_server.domain, api_key=sandlot_server.api_key)
     with sandlot_server.client() as c:
-        # Without credentials the registry refuses: the sandbox fails and says why.
-        sid = c.post(
-            "/v1/sandboxes",
-            json={"image": {"uri": tiny_image}, "entrypoint": ["/none"], "timeout": 600},
-        ).json()["id"]
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            status = c.get(f"/v1/sandboxes/{sid}").json()["status"]
-            if status["state"] != "Pending":
-                break
-            time.sleep(0.2)
-        assert status["state"] == "Failed"
-        assert status["reason"] in ("ImagePullFailed", "ImageNotFound"), status
-        c.delete(f"/v1/sandboxes/{sid}")
+        # Without credentials the registry refuses: the create says why, in the reference's
+        # terms (an error answer, or Failed/PROVISIONING_ERROR when it outlasted the wait).
+        message = create_expecting_pull_failure(
+            c, {"image": {"uri": tiny_image}, "entrypoint": ["/none"], "timeout": 600}
+        )
+        assert message.startswith(f"Failed to pull image {tiny_image}: ")
 
     image = SandboxImageSpec(
         image=tiny_image,

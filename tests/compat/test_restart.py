@@ -72,7 +72,7 @@ async def test_kill9_restart(fresh_server: SandlotServer, image_store: ImageStor
     with server.client() as c:
         assert c.get(f"/v1/sandboxes/{keep}").json()["status"]["state"] == "Running"
         failed = c.get(f"/v1/sandboxes/{vanishing}").json()["status"]
-        assert failed["state"] == "Failed" and failed["reason"] == "ContainerVanished"
+        assert failed["state"] == "Failed" and failed["reason"] == "CONTAINER_EXITED_ERROR"
         assert "stray-container" not in server.runtime_ids()
 
         # The direct endpoint handed out before the crash still works, at the same address.

@@ -85,10 +85,12 @@ async def test_image_pull_and_pulling_reason(harness: Harness, client: httpx.Asy
     )
     for _ in range(200):
         got = (await client.get(f"/v1/sandboxes/{body['id']}")).json()
-        if got["status"].get("reason") == "Pulling":
+        if got["status"].get("message", "").startswith("Pulling image"):
             break
         await asyncio.sleep(0.01)
-    assert got["status"] == {**got["status"], "state": "Pending", "reason": "Pulling"}
+    assert got["status"]["state"] == "Pending"
+    assert got["status"]["reason"] == "CONTAINER_STARTING"
+    assert got["status"]["message"] == "Pulling image registry.test/app:1."
     harness.images.pull_gate.set()
     await harness.wait_state(client, body["id"], "Running")
     name, auth = harness.images.pulls[-1]
@@ -98,11 +100,14 @@ async def test_image_pull_and_pulling_reason(harness: Harness, client: httpx.Asy
 
 
 @pytest.mark.fake_only
-async def test_missing_image_fails_with_reason(harness: Harness, client: httpx.AsyncClient) -> None:
+async def test_a_pull_failure_after_the_answer_leaves_a_failed_sandbox_saying_why(
+    harness: Harness, client: httpx.AsyncClient
+) -> None:
+    harness.cfg.server.create_wait_seconds = 0  # answered Pending before the pull fails
     body = await create(client, image={"uri": "nope/missing:1"})
     got = await harness.wait_state(client, body["id"], "Failed")
-    assert got["status"]["reason"] == "ImageNotFound"
-    assert "nope/missing:1" in got["status"]["message"]
+    assert got["status"]["reason"] == "PROVISIONING_ERROR"
+    assert got["status"]["message"].startswith("Failed to pull image nope/missing:1: ")
     # A failed sandbox stays listed until deleted, and deleting it works.
     r = await client.delete(f"/v1/sandboxes/{body['id']}")
     assert r.status_code == 204
@@ -110,16 +115,20 @@ async def test_missing_image_fails_with_reason(harness: Harness, client: httpx.A
 
 
 @pytest.mark.fake_only
-async def test_runtime_failure_fails_sandbox(harness: Harness, client: httpx.AsyncClient) -> None:
+async def test_a_start_failure_after_the_answer_leaves_a_failed_sandbox_saying_why(
+    harness: Harness, client: httpx.AsyncClient
+) -> None:
+    harness.cfg.server.create_wait_seconds = 0
     harness.runtime.fail_create = "runc exploded"
     body = await create(client)
     got = await harness.wait_state(client, body["id"], "Failed")
-    assert got["status"]["reason"] == "RuntimeError"
+    assert got["status"]["reason"] == "PROVISIONING_ERROR"
+    assert got["status"]["message"].startswith("Failed to create or start container: ")
     assert "runc exploded" in got["status"]["message"]
 
 
 async def test_list_filters_and_pagination(harness: Harness, client: httpx.AsyncClient) -> None:
-    ids = [(await create(client, metadata={"n": str(i), "grp": "a b&c"}))["id"] for i in range(5)]
+    ids = [(await create(client, metadata={"n": str(i), "grp": "a.b-c"}))["id"] for i in range(5)]
     other = (await create(client, metadata={"grp": "other"}))["id"]
     for sid in [*ids, other]:
         await harness.wait_state(client, sid, "Running")
@@ -141,11 +150,7 @@ async def test_list_filters_and_pagination(harness: Harness, client: httpx.Async
     r = await client.get("/v1/sandboxes", params=[("state", "Paused"), ("state", "Running")])
     assert r.json()["pagination"]["totalItems"] == 6
 
-    # The SDK percent-encodes key=value pairs once more inside the query value.
-    from urllib.parse import quote
-
-    encoded = f"grp={quote('a b&c', safe='')}&n=3"
-    r = await client.get("/v1/sandboxes", params={"metadata": encoded})
+    r = await client.get("/v1/sandboxes", params={"metadata": "grp=a.b-c&n=3"})
     assert [s["id"] for s in r.json()["items"]] == [ids[3]]
 
 
@@ -178,7 +183,7 @@ async def test_renew_and_metadata_patch(harness: Harness, client: httpx.AsyncCli
 
     past = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
     r = await client.post(f"/v1/sandboxes/{sid}/renew-expiration", json={"expiresAt": past})
-    assert r.status_code == 400 and r.json()["code"] == "INVALID_REQUEST"
+    assert r.status_code == 400 and r.json()["code"] == "DOCKER::INVALID_EXPIRATION"
 
     r = await client.patch(
         f"/v1/sandboxes/{sid}/metadata", json={"team": None, "env": "prod", "absent": None}
@@ -227,10 +232,11 @@ async def test_health_and_version_need_no_key(harness: Harness) -> None:
         v = (await anon.get("/version")).json()
         assert v["version"]
         r = await anon.get("/v1/sandboxes")
-        assert r.status_code == 401 and r.json()["code"] == "UNAUTHORIZED"
+        assert r.status_code == 401 and r.json()["code"] == "MISSING_API_KEY"
     async with harness.client(key="wrong") as bad:
         r = await bad.get("/sandboxes")
-        assert r.status_code == 401 and set(r.json()) == {"code", "message"}
+        assert r.status_code == 401 and r.json()["code"] == "INVALID_API_KEY"
+        assert set(r.json()) == {"code", "message"}
         assert r.headers.get("x-request-id")
 
 
@@ -247,7 +253,7 @@ async def test_error_shapes(harness: Harness, client: httpx.AsyncClient) -> None
     r = await client.post(
         "/v1/sandboxes", content=b"{not json", headers={"content-type": "application/json"}
     )
-    assert r.status_code == 422 and set(r.json()) == {"code", "message"}
+    assert r.status_code == 422 and set(r.json()) == {"code", "message", "detail"}
     r = await client.post("/v1/sandboxes", json={**BODY, "resourceLimits": {"cpu": "lots"}})
     assert r.status_code == 400 and "cpu" in r.json()["message"]
     r = await client.post("/v1/sandboxes", json={**BODY, "entrypoint": []})
@@ -256,7 +262,7 @@ async def test_error_shapes(harness: Harness, client: httpx.AsyncClient) -> None
     if harness.runtime.capabilities.snapshots:
         assert r.status_code == 404 and r.json()["code"] == "SNAPSHOT::NOT_FOUND"
         r = await client.post("/v1/sandboxes/x/snapshots", json={})
-        assert r.status_code == 404 and r.json()["code"] == "SANDBOX_NOT_FOUND"
+        assert r.status_code == 404 and r.json()["code"] == "DOCKER::SANDBOX_NOT_FOUND"
         r = await client.post("/v1/sandboxes/x/snapshots", json={"name": ""})
         assert r.status_code == 422
         r = await client.get("/v1/snapshots", params={"state": "Ready"})
@@ -293,7 +299,7 @@ async def test_error_shapes(harness: Harness, client: httpx.AsyncClient) -> None
                                                                       "mountPath": "/d"}]})
     assert r.status_code == 400 and "exactly one backend" in r.json()["message"]
     r = await client.get("/v1/no-such-route")
-    assert r.status_code == 404 and set(r.json()) == {"code", "message"}
+    assert r.status_code == 404 and r.json()["detail"] == "Not Found"
     assert await harness.runtime.list_ids() == set()
 
 

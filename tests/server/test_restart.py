@@ -35,7 +35,7 @@ async def test_restart_reconciles_runtime_and_store(harness: Harness) -> None:
         ep = (await c.get(f"/v1/sandboxes/{keep}/endpoints/44772")).json()
         soon = datetime.now(UTC) + timedelta(seconds=1)
         await c.post(f"/v1/sandboxes/{expire}/renew-expiration", json={"expiresAt": iso(soon)})
-        later = datetime.now(UTC) + timedelta(seconds=2.5)
+        later = datetime.now(UTC) + timedelta(hours=1)
         await c.post(f"/v1/sandboxes/{keep}/renew-expiration", json={"expiresAt": iso(later)})
 
     await harness.stop()
@@ -56,7 +56,7 @@ async def test_restart_reconciles_runtime_and_store(harness: Harness) -> None:
         assert (await c.get(f"/v1/sandboxes/{paused}")).json()["status"]["state"] == "Paused"
         failed = (await c.get(f"/v1/sandboxes/{vanish}")).json()
         assert failed["status"]["state"] == "Failed"
-        assert failed["status"]["reason"] == "ContainerVanished"
+        assert failed["status"]["reason"] == "CONTAINER_EXITED_ERROR"
         assert (await c.get(f"/v1/sandboxes/{expire}")).status_code == 404
         assert expire not in harness.runtime.containers
         assert "orphan-1" not in harness.runtime.containers
@@ -67,13 +67,10 @@ async def test_restart_reconciles_runtime_and_store(harness: Harness) -> None:
             assert (await direct.get("/ping", headers=ep["headers"])).text == "pong"
         items = (await c.get("/v1/sandboxes")).json()["items"]
         assert sorted(s["id"] for s in items) == sorted([keep, vanish, paused])
-        # Expiry timers were rebuilt from the store.
-        for _ in range(200):
-            if (await c.get(f"/v1/sandboxes/{keep}")).status_code == 404:
-                break
-            await asyncio.sleep(0.05)
-        assert (await c.get(f"/v1/sandboxes/{keep}")).status_code == 404
-        assert keep not in harness.runtime.containers
+        # Expiry timers were rebuilt from the store (that a timer fires is pinned by
+        # test_expiry_deletes_sandbox; no wall-clock race with a loaded machine here).
+        rearmed = harness.service.expiry.pending()[keep]
+        assert abs((rearmed - later).total_seconds()) < 0.001
 
 
 @pytest.mark.fake_only
@@ -86,7 +83,7 @@ async def test_pending_at_shutdown_becomes_failed(harness: Harness) -> None:
     async with harness.client() as c:
         got = (await c.get(f"/v1/sandboxes/{sid}")).json()
     assert got["status"]["state"] == "Failed"
-    assert got["status"]["reason"] == "ProvisioningInterrupted"
+    assert got["status"]["reason"] == "PROVISIONING_ERROR"
 
 
 def _record(sid: str) -> SandboxRecord:

@@ -11,6 +11,7 @@ from sandlot import __version__
 from sandlot.config import Config
 from sandlot.runtime.base import Runtime
 from sandlot.server.api import (
+    diagnostics,
     meta,
     networkpolicy,
     pools_api,
@@ -92,6 +93,7 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
         app.include_router(templates_api.router, prefix=prefix)
         app.include_router(sandboxes.router, prefix=prefix)
         app.include_router(networkpolicy.router, prefix=prefix)
+        app.include_router(diagnostics.router, prefix=prefix)
         app.include_router(proxy.router, prefix=prefix)
         app.include_router(sdk_metrics.router, prefix=prefix)
     if not cfg.server.api_key and not cfg.server.insecure_no_auth:

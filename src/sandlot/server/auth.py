@@ -12,6 +12,8 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sandlot.server import codes
+
 API_KEY_HEADER = b"open-sandbox-api-key"
 REQUEST_ID_HEADER = b"x-request-id"
 # Reachable without a key, as on the reference server (liveness probes, version checks).
@@ -38,16 +40,23 @@ class ApiKeyMiddleware:
 
         if self.api_key is not None and scope["path"] not in PUBLIC_PATHS:
             given = headers.get(API_KEY_HEADER)
-            if given is None or not secrets.compare_digest(given, self.api_key):
-                message = (
-                    "missing OPEN-SANDBOX-API-KEY header"
-                    if given is None
-                    else "invalid OPEN-SANDBOX-API-KEY"
+            if not given or not secrets.compare_digest(given, self.api_key):
+                # The reference's codes: an empty header counts as missing.
+                code, message = (
+                    (
+                        codes.MISSING_API_KEY,
+                        "No credentials: send the API key in the OPEN-SANDBOX-API-KEY header.",
+                    )
+                    if not given
+                    else (
+                        codes.INVALID_API_KEY,
+                        "The API key in OPEN-SANDBOX-API-KEY is not valid for this server.",
+                    )
                 )
                 if scope["type"] == "websocket":
                     await send({"type": "websocket.close", "code": 1008, "reason": message})
                     return
-                body = json.dumps({"code": "UNAUTHORIZED", "message": message}).encode()
+                body = json.dumps({"code": code, "message": message}).encode()
                 await send_with_id(
                     {
                         "type": "http.response.start",

@@ -1,15 +1,22 @@
-"""One place that turns every failure into the contract's ``{code, message}`` body."""
+"""One place that turns every failure into the contract's ``{code, message}`` body.
+
+Where the reference server answers with FastAPI's own body instead (422 validation errors,
+unknown routes and methods: ``{"detail": ...}``), sandlot sends that ``detail`` too, beside
+``code`` and ``message``: clients written against either shape find what they read.
+"""
 
 from __future__ import annotations
 
 import logging
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sandlot.errors import SandlotError
+from sandlot.server import codes
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +52,18 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(422, "INVALID_REQUEST", _describe(exc))
+        body = {
+            "code": codes.VALIDATION_ERROR,
+            "message": _describe(exc),
+            "detail": jsonable_encoder(exc.errors()),
+        }
+        return JSONResponse(body, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
-        return error_response(exc.status_code, code, str(exc.detail))
+        code = _HTTP_CODES.get(exc.status_code, codes.UNKNOWN_ERROR)
+        body = {"code": code, "message": str(exc.detail), "detail": exc.detail}
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:

@@ -6,6 +6,7 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from sandlot.errors import InvalidRequest
+from sandlot.server.codes import INVALID_PARAMETER
 
 _SUFFIXES: dict[str, Decimal] = {
     "": Decimal(1),
@@ -32,7 +33,8 @@ def parse_quantity(value: str, what: str) -> Decimal:
     if not match or match.group(3) not in _SUFFIXES:
         raise InvalidRequest(
             f"resourceLimits.{what}: {value!r} is not a valid quantity "
-            "(examples: '500m', '2', '512Mi', '2Gi')"
+            "(examples: '500m', '2', '512Mi', '2Gi')",
+            code=INVALID_PARAMETER,
         )
     number, exponent, suffix = match.groups()
     try:
@@ -40,21 +42,27 @@ def parse_quantity(value: str, what: str) -> Decimal:
         if exponent:
             result *= Decimal(10) ** int(exponent)
     except InvalidOperation as exc:  # pragma: no cover - regex already restricts input
-        raise InvalidRequest(f"resourceLimits.{what}: {value!r} is not a number") from exc
+        raise InvalidRequest(
+            f"resourceLimits.{what}: {value!r} is not a number", code=INVALID_PARAMETER
+        ) from exc
     return result
 
 
 def parse_cpu(value: str) -> float:
     cores = parse_quantity(value, "cpu")
     if cores <= 0:
-        raise InvalidRequest(f"resourceLimits.cpu must be positive, got {value!r}")
+        raise InvalidRequest(
+            f"resourceLimits.cpu must be positive, got {value!r}", code=INVALID_PARAMETER
+        )
     return float(cores)
 
 
 def parse_memory(value: str) -> int:
     size = parse_quantity(value, "memory")
     if size < 4 * 2**20:
-        raise InvalidRequest(f"resourceLimits.memory must be at least 4Mi, got {value!r}")
+        raise InvalidRequest(
+            f"resourceLimits.memory must be at least 4Mi, got {value!r}", code=INVALID_PARAMETER
+        )
     return int(size)
 
 

@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from sandlot.runtime.base import ContainerState
+from sandlot.server import codes
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
 
 if TYPE_CHECKING:
@@ -46,33 +47,38 @@ async def reconcile(svc: SandboxService) -> None:
             await svc.set_state(
                 rec,
                 SandboxState.FAILED,
-                "ProvisioningInterrupted",
-                "the server stopped while this sandbox was being created",
+                codes.PROVISIONING_ERROR,
+                "The server stopped while this sandbox was being created.",
             )
         elif rec.state in _LIVE_STATES:
             info = await svc.runtime.inspect(rec.id)
             if info.state == ContainerState.RUNNING:
                 if rec.state != SandboxState.RUNNING:
-                    await svc.set_state(rec, SandboxState.RUNNING, "Reconciled", "found running")
+                    await svc.set_state(
+                        rec, SandboxState.RUNNING, codes.RUNNING, codes.RUNNING_MESSAGE
+                    )
             elif info.state == ContainerState.PAUSED:
                 if rec.state != SandboxState.PAUSED:
-                    await svc.set_state(rec, SandboxState.PAUSED, "Reconciled", "found paused")
+                    await svc.set_state(
+                        rec, SandboxState.PAUSED, codes.PAUSED, codes.PAUSED_MESSAGE
+                    )
             elif info.state == ContainerState.MISSING:
                 await svc.set_state(
                     rec,
                     SandboxState.FAILED,
-                    "ContainerVanished",
-                    "the sandbox's container no longer exists in the runtime",
+                    codes.EXITED_ERROR,
+                    "Sandbox container no longer exists in the runtime.",
                 )
             else:
                 with contextlib.suppress(Exception):
                     await svc.runtime.delete(rec.id)
-                code = f" (exit code {info.exit_code})" if info.exit_code is not None else ""
                 await svc.set_state(
                     rec,
                     SandboxState.FAILED,
-                    "ContainerExited",
-                    f"the sandbox's init process is no longer running{code}",
+                    codes.EXITED_ERROR,
+                    f"Sandbox container exited with code {info.exit_code}."
+                    if info.exit_code is not None
+                    else "Sandbox container is no longer running.",
                 )
         svc.expiry.schedule(rec.id, rec.expires_at)
 

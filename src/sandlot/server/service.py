@@ -16,7 +16,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sandlot.config import Config
@@ -26,6 +26,7 @@ from sandlot.errors import (
     ImagePullError,
     InvalidRequest,
     NotFound,
+    RuntimeFailure,
     SandlotError,
     Unsupported,
 )
@@ -42,10 +43,11 @@ from sandlot.runtime.base import (
     Runtime,
     SandboxSpec,
 )
-from sandlot.server import spec_parts
+from sandlot.server import codes, spec_parts
 from sandlot.server.api.schemas import CreateSandboxRequest
 from sandlot.server.endpoints import EndpointForwarder
 from sandlot.server.expiry import ExpiryScheduler
+from sandlot.server.labels import check_metadata, is_reserved
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
 from sandlot.server.pools import POOL_REF, PoolService
 from sandlot.server.quantity import parse_cpu, parse_ephemeral_storage, parse_memory
@@ -114,6 +116,9 @@ class SandboxService:
         self.snapshots: SnapshotService | None = None  # set by the app
         self.pools: PoolService | None = None  # set by the app
         self.templates: TemplateService | None = None  # set by the app
+        # Creates still waiting to answer, and why one of them failed meanwhile.
+        self._answer_pending: set[str] = set()
+        self._create_errors: dict[str, SandlotError] = {}
 
     # ----- start-up and shutdown -------------------------------------------------------
 
@@ -166,7 +171,7 @@ class SandboxService:
     def get(self, sandbox_id: str) -> SandboxRecord:
         rec = self._records.get(sandbox_id)
         if rec is None or rec.state == SandboxState.TERMINATED:
-            raise NotFound(f"sandbox {sandbox_id} not found", code="SANDBOX_NOT_FOUND")
+            raise _not_found(sandbox_id)
         return rec
 
     def record(self, sandbox_id: str) -> SandboxRecord | None:
@@ -197,7 +202,7 @@ class SandboxService:
             and (wanted is None or rec.state.value.lower() in wanted)
             and all(rec.metadata.get(k) == v for k, v in (metadata or {}).items())
         ]
-        matches.sort(key=lambda r: (r.created_at, r.id))
+        matches.sort(key=lambda r: (r.created_at, r.id), reverse=True)  # newest first
         start = (page - 1) * page_size
         return Page(matches[start : start + page_size], page, page_size, len(matches))
 
@@ -257,8 +262,8 @@ class SandboxService:
         rec = SandboxRecord(
             id=str(uuid.uuid4()),
             state=SandboxState.PENDING,
-            reason="Provisioning",
-            message="sandbox accepted; resolving image",
+            reason=codes.STARTING,
+            message=codes.STARTING_MESSAGE,
             image_uri=image_uri,
             entrypoint=list(req.entrypoint or KEEP_ALIVE),
             execd_token=None,  # derived from the server secret: see execd_token()
@@ -295,13 +300,23 @@ class SandboxService:
         # Answer with Running when the sandbox comes up quickly (cached image, warm pool), so
         # clients need no polling round; slow starts (pulls) still answer Pending in time.
         if wait > 0:
-            await asyncio.wait({task}, timeout=wait)
+            self._answer_pending.add(rec.id)
+            try:
+                await asyncio.wait({task}, timeout=wait)
+            finally:
+                self._answer_pending.discard(rec.id)
             if not task.done():
                 # Stored before the answer names the sandbox. A create that finished within
                 # the wait stored its outcome itself: one write instead of two. (A crash
                 # before any write leaves a container without a record, which restart
                 # reconciliation deletes.)
                 await self.store.save(rec)
+            elif rec.id in self._create_errors:
+                # Failed within the wait: answer with the error and keep no sandbox, as the
+                # reference does (its create is synchronous and leaves nothing behind).
+                error = self._create_errors.pop(rec.id)
+                await self._forget(rec)
+                raise error
         return rec
 
     def _disk_bytes(self, limits: dict[str, str]) -> int | None:
@@ -314,12 +329,20 @@ class SandboxService:
                               f"{self.runtime.name} runtime: it cannot cap a sandbox's disk use")
         return parse_ephemeral_storage(asked)
 
+    async def _forget(self, rec: SandboxRecord) -> None:
+        self.expiry.cancel(rec.id)
+        self._records.pop(rec.id, None)
+        self._locks.pop(rec.id, None)
+        await self.store.delete(rec.id)
+
     def _provisioned(self, task: asyncio.Task[None]) -> None:
         for sid, t in list(self._provisioning.items()):
             if t is task:
                 del self._provisioning[sid]
 
     def _check_create(self, req: CreateSandboxRequest) -> None:
+        """Refuse what cannot be honoured, in the reference server's order and with its codes."""
+        _check_renew_on_access(req.extensions)
         if req.snapshot_id is not None and req.image is not None:
             raise InvalidRequest("give either image or snapshotId, not both")
         if req.template_id is not None and (req.image is not None or req.snapshot_id is not None):
@@ -330,30 +353,30 @@ class SandboxService:
         if req.image is None and req.snapshot_id is None and req.template_id is None \
                 and not pooled:
             raise InvalidRequest("image.uri (or snapshotId, or extensions.poolRef) is required")
-        limit = self.cfg.server.max_sandbox_timeout_seconds
-        if req.timeout is not None and limit is not None and req.timeout > limit:
+        check_metadata(req.metadata)
+        if req.platform is not None:
+            _check_platform(req, self.runtime.capabilities.platforms, self.runtime.name)
+        if req.timeout is not None:
+            _check_timeout(req.timeout, self.cfg.server.max_sandbox_timeout_seconds)
+        if req.secure_access:
             raise InvalidRequest(
-                f"timeout {req.timeout}s exceeds the maximum sandbox timeout of {limit}s "
-                "(server.max_sandbox_timeout_seconds)"
+                "secureAccess is not supported by this server: it has no ingress gateway to "
+                "issue access credentials for.",
+                code=codes.INVALID_PARAMETER,
             )
         caps = self.runtime.capabilities
         check_volumes(req.volumes, self.cfg.storage.allowed_host_paths, caps.volume_kinds,
                       self.runtime.name, str(self.cfg.data_dir))
         if req.network_policy is not None and not caps.network_policy:
-            raise Unsupported(
+            raise InvalidRequest(
                 f"networkPolicy is not supported by the {self.runtime.name} runtime: it "
-                "cannot restrict egress, and a policy it cannot enforce is refused"
+                "cannot restrict egress, and a policy it cannot enforce is refused",
+                code=codes.INVALID_PARAMETER,
             )
         if req.credential_proxy and req.credential_proxy.get("enabled"):
-            raise Unsupported("the credential proxy is not supported by this server")
+            raise _unsupported("the credential proxy is not supported by this server")
         if req.lifecycle and (req.lifecycle.get("preStart") or req.lifecycle.get("periodic")):
-            raise Unsupported("lifecycle hooks (preStart, periodic) are not supported yet")
-        renew = req.extensions.get(RENEW_ON_ACCESS_KEY)
-        if renew is not None and not (renew.isdigit() and 300 <= int(renew) <= 86400):
-            raise InvalidRequest(
-                f"extensions[{RENEW_ON_ACCESS_KEY!r}] must be a whole number of seconds "
-                f"from 300 to 86400, got {renew!r}"
-            )
+            raise _unsupported("lifecycle hooks (preStart, periodic) are not supported yet")
         pause_mode = req.extensions.get(PAUSE_MODE_KEY)
         if pause_mode is not None and pause_mode not in ("freeze", "hibernate"):
             raise InvalidRequest(
@@ -367,24 +390,23 @@ class SandboxService:
             )
         gpu = req.resource_limits.get("gpu")
         if gpu not in (None, "", "0") and not caps.gpu:
-            raise Unsupported(f"GPU resources are not supported by the {self.runtime.name} "
-                              "runtime")
-        if req.platform is not None and caps.platforms:
-            wanted = f"{req.platform.os}/{req.platform.arch}"
-            if wanted not in caps.platforms:
-                raise InvalidRequest(
-                    f"platform {wanted} cannot be satisfied: the {self.runtime.name} runtime "
-                    f"runs {', '.join(sorted(caps.platforms))}"
-                )
+            raise _unsupported(
+                f"GPU resources are not supported by the {self.runtime.name} runtime"
+            )
 
     async def _provision(self, rec: SandboxRecord, parts: dict[str, Any]) -> None:
-        async def progress(reason: str, message: str) -> None:
-            if reason == "Starting":
+        async def progress(step: str, detail: str) -> None:
+            # The runtime names its step; clients see the reference's Pending reason, with
+            # the step in the message.
+            if step == "Starting":
                 # In memory only: a crash now leaves the stored Pending record, which restart
                 # reconciliation resolves either way; one store write less per create.
-                rec.transition(SandboxState.PENDING, reason, message)
+                rec.transition(SandboxState.PENDING, codes.STARTING, codes.STARTING_MESSAGE)
+            elif step == "Pulling":
+                message = f"Pulling image {rec.image_uri}."
+                await self.set_state(rec, SandboxState.PENDING, codes.STARTING, message)
             else:
-                await self.set_state(rec, SandboxState.PENDING, reason, message)
+                await self.set_state(rec, SandboxState.PENDING, codes.STARTING, detail)
 
         token = self.execd_token(rec)
         try:
@@ -415,18 +437,13 @@ class SandboxService:
                 )
         except asyncio.CancelledError:
             raise
-        except SandlotError as exc:
-            await self._fail_provisioning(rec, _reason_for(exc), exc.message)
-            return
-        except TimeoutError as exc:
-            await self._fail_provisioning(rec, "ExecdNotReady", str(exc))
-            return
         except Exception as exc:
-            log.exception("provisioning %s failed", rec.id)
-            await self._fail_provisioning(rec, "RuntimeError", f"{type(exc).__name__}: {exc}")
+            if not isinstance(exc, SandlotError | TimeoutError):
+                log.exception("provisioning %s failed", rec.id)
+            await self._fail_provisioning(rec, _provisioning_error(rec.image_uri, exc))
             return
         if rec.state == SandboxState.PENDING:
-            rec.transition(SandboxState.RUNNING, "Ready", "execd answers /ping")
+            rec.transition(SandboxState.RUNNING, codes.RUNNING, codes.RUNNING_MESSAGE)
             # The SDKs ask for these endpoints right after every create: open them now, beside
             # the state's write (the store commits writes that queue up together), so those
             # requests find them open and stored.
@@ -436,12 +453,16 @@ class SandboxService:
                   for port in (self.cfg.execd.port, SDK_EGRESS_PORT)),
             )
 
-    async def _fail_provisioning(self, rec: SandboxRecord, reason: str, message: str) -> None:
+    async def _fail_provisioning(self, rec: SandboxRecord, error: SandlotError) -> None:
         # Leave nothing behind: the record stays (Failed, with why), the container goes.
         with contextlib.suppress(Exception):
             await self.runtime.delete(rec.id)
         if rec.state == SandboxState.PENDING:
-            await self.set_state(rec, SandboxState.FAILED, reason, message)
+            if rec.id in self._answer_pending:
+                self._create_errors[rec.id] = error
+            await self.set_state(
+                rec, SandboxState.FAILED, codes.PROVISIONING_ERROR, error.message
+            )
 
     # ----- state changes ---------------------------------------------------------------
 
@@ -483,8 +504,11 @@ class SandboxService:
             await asyncio.gather(task, return_exceptions=True)
         async with self._lock(sandbox_id):
             if rec.state in (SandboxState.STOPPING, SandboxState.TERMINATED):
-                raise Conflict(f"sandbox {sandbox_id} is already {rec.state.value}")
-            await self.set_state(rec, SandboxState.STOPPING, reason, "terminating the sandbox")
+                # A concurrent delete got there first: the sandbox is gone, as on the reference.
+                raise _not_found(sandbox_id)
+            await self.set_state(
+                rec, SandboxState.STOPPING, codes.STOPPING, "Sandbox is being deleted."
+            )
             await self.terminate(rec, reason)
 
     async def terminate(self, rec: SandboxRecord, reason: str) -> None:
@@ -495,8 +519,9 @@ class SandboxService:
             await self.runtime.delete(rec.id)
         except Exception as exc:
             log.exception("deleting %s failed", rec.id)
-            await self.set_state(rec, SandboxState.FAILED, "DeleteFailed", str(exc))
-            raise
+            message = f"Failed to delete sandbox container: {exc}"
+            await self.set_state(rec, SandboxState.FAILED, codes.EXITED_ERROR, message)
+            raise RuntimeFailure(message, code=codes.SANDBOX_DELETE_FAILED) from exc
         rec.transition(SandboxState.TERMINATED, reason, "sandbox terminated")
         await self.store.delete(rec.id)
         self._records.pop(rec.id, None)
@@ -529,56 +554,77 @@ class SandboxService:
     async def pause(self, sandbox_id: str) -> None:
         rec = self.get(sandbox_id)
         if not self.runtime.capabilities.pause:
-            raise Unsupported(f"pausing is not supported by the {self.runtime.name} runtime")
+            raise _unsupported(f"pausing is not supported by the {self.runtime.name} runtime")
         async with self._lock(sandbox_id):
             if rec.state != SandboxState.RUNNING:
                 raise Conflict(
-                    f"sandbox {sandbox_id} is {rec.state.value}; only a Running sandbox can "
-                    "be paused",
-                    code="SANDBOX_STATE_CONFLICT",
+                    f"Sandbox is not in a running state (it is {rec.state.value}).",
+                    code=codes.SANDBOX_NOT_RUNNING,
                 )
-            await self.set_state(rec, SandboxState.PAUSING, "user_pause", "freezing processes")
+            await self.set_state(
+                rec, SandboxState.PAUSING, codes.PAUSING, "Sandbox is being paused."
+            )
             try:
                 await self.runtime.pause(sandbox_id)
-            except Exception:
-                await self.set_state(rec, SandboxState.RUNNING, "PauseFailed", "pause failed")
-                raise
+            except Exception as exc:
+                await self.set_state(
+                    rec, SandboxState.RUNNING, codes.RUNNING, codes.RUNNING_MESSAGE
+                )
+                raise RuntimeFailure(
+                    f"Failed to pause sandbox container: {exc}", code=codes.SANDBOX_PAUSE_FAILED
+                ) from exc
             info = await self.runtime.inspect(sandbox_id)
-            if info.reason == "hibernated":
+            if info.reason == "hibernated":  # sandlot's own pause mode: its own reason
                 await self.set_state(rec, SandboxState.PAUSED, "Hibernated",
-                                "processes and memory checkpointed to disk; resume restores them")
+                                     "processes and memory checkpointed to disk; resume "
+                                     "restores them")
             else:
-                await self.set_state(rec, SandboxState.PAUSED, "user_pause", "processes frozen")
+                await self.set_state(rec, SandboxState.PAUSED, codes.PAUSED, codes.PAUSED_MESSAGE)
 
     async def resume(self, sandbox_id: str) -> None:
         rec = self.get(sandbox_id)
         async with self._lock(sandbox_id):
             if rec.state != SandboxState.PAUSED:
                 raise Conflict(
-                    f"sandbox {sandbox_id} is {rec.state.value}; only a Paused sandbox can "
-                    "be resumed",
-                    code="SANDBOX_STATE_CONFLICT",
+                    f"Sandbox is not in a paused state (it is {rec.state.value}).",
+                    code=codes.SANDBOX_NOT_PAUSED,
                 )
-            await self.set_state(rec, SandboxState.RESUMING, "user_resume", "thawing processes")
+            await self.set_state(
+                rec, SandboxState.RESUMING, codes.RESUMING, "Sandbox is being resumed."
+            )
             try:
                 await self.runtime.resume(sandbox_id)
-            except Exception:
-                await self.set_state(rec, SandboxState.PAUSED, "ResumeFailed", "resume failed")
-                raise
-            await self.set_state(rec, SandboxState.RUNNING, "user_resume", "processes running")
+            except Exception as exc:
+                await self.set_state(rec, SandboxState.PAUSED, codes.PAUSED, codes.PAUSED_MESSAGE)
+                raise RuntimeFailure(
+                    f"Failed to resume sandbox container: {exc}", code=codes.SANDBOX_RESUME_FAILED
+                ) from exc
+            await self.set_state(
+                rec, SandboxState.RUNNING, codes.RUNNING, codes.RUNNING_MESSAGE
+            )
 
     async def renew(self, sandbox_id: str, expires_at: datetime) -> SandboxRecord:
+        """Set a new absolute expiry; may shorten as well as extend (as on the reference)."""
         rec = self.get(sandbox_id)
-        if expires_at.tzinfo is None:
-            raise InvalidRequest("expiresAt must carry a time zone (RFC 3339, e.g. ...Z)")
+        # A time without a zone is read as UTC, and the answer is in UTC, as on the reference.
+        expires_at = (
+            expires_at.replace(tzinfo=UTC)
+            if expires_at.tzinfo is None
+            else expires_at.astimezone(UTC)
+        )
         if expires_at <= utcnow():
-            raise InvalidRequest("expiresAt must be in the future")
+            raise InvalidRequest(
+                "New expiration time must be in the future.", code=codes.INVALID_EXPIRATION
+            )
+        if rec.expires_at is None:
+            raise Conflict(
+                f"Sandbox {sandbox_id} does not have automatic expiration enabled (it was "
+                "created without a timeout), so there is nothing to renew.",
+                code=codes.INVALID_EXPIRATION,
+            )
         async with self._lock(sandbox_id):
-            if rec.state in (SandboxState.STOPPING, SandboxState.TERMINATED, SandboxState.FAILED):
-                raise Conflict(
-                    f"sandbox {sandbox_id} is {rec.state.value}; its expiration cannot change",
-                    code="SANDBOX_STATE_CONFLICT",
-                )
+            if rec.state == SandboxState.TERMINATED:
+                raise _not_found(sandbox_id)
             rec.expires_at = expires_at
             rec.updated_at = utcnow()
             await self.store.save(rec)
@@ -609,14 +655,15 @@ class SandboxService:
             self.expiry.schedule(sandbox_id, new_expiry)
 
     async def patch_metadata(self, sandbox_id: str, patch: dict[str, Any]) -> SandboxRecord:
+        """JSON merge patch (RFC 7396): a value sets, null deletes, an absent key stays."""
         rec = self.get(sandbox_id)
-        for key, value in patch.items():
-            if key.startswith("opensandbox.io/"):
+        for key in patch:
+            if is_reserved(key):
                 raise InvalidRequest(
-                    f"metadata key {key!r} uses the reserved opensandbox.io/ prefix"
+                    f"Metadata key '{key}' is reserved (opensandbox.io/ prefix).",
+                    code=codes.RESERVED_METADATA_KEY,
                 )
-            if value is not None and not isinstance(value, str):
-                raise InvalidRequest(f"metadata value for {key!r} must be a string or null")
+        check_metadata({k: v for k, v in patch.items() if v is not None})
         async with self._lock(sandbox_id):
             merged = dict(rec.metadata)
             for key, value in patch.items():
@@ -634,11 +681,14 @@ class SandboxService:
     async def endpoint(
         self, sandbox_id: str, port: int, use_server_proxy: bool, server_authority: str
     ) -> dict[str, Any]:
+        """``{endpoint, headers?}``: ``host:port`` direct, or the server's unversioned proxy
+        path (``host/sandboxes/{id}/proxy/{port}``), as the reference spells both."""
         rec = self.get(sandbox_id)
         if rec.state in (SandboxState.STOPPING, SandboxState.FAILED):
             raise Conflict(
-                f"sandbox {sandbox_id} is {rec.state.value}: {rec.message or 'no endpoint'}",
-                code="SANDBOX_STATE_CONFLICT",
+                f"Sandbox is not in a running state (it is {rec.state.value}"
+                f"{': ' + rec.message if rec.message else ''}).",
+                code=codes.SANDBOX_NOT_RUNNING,
             )
         headers: dict[str, str] = {}
         if port == self.cfg.execd.port:
@@ -648,11 +698,14 @@ class SandboxService:
         elif port == JUPYTER_PORT:  # the Jupyter API of code-interpreter sandboxes
             headers.update(jupyter_endpoint_headers(self.execd_token(rec)))
         if use_server_proxy:
-            url = f"{server_authority}/v1/sandboxes/{sandbox_id}/proxy/{port}"
+            url = f"{server_authority}/sandboxes/{sandbox_id}/proxy/{port}"
         else:
             host_port = await self.open_endpoint(sandbox_id, port)
             url = f"{self.cfg.server.endpoint_host}:{host_port}"
-        return {"endpoint": url, "headers": headers}
+        body: dict[str, Any] = {"endpoint": url}
+        if port == self.cfg.execd.port:  # sandlot's execd checks a per-sandbox token
+            body["headers"] = {execd_client.TOKEN_HEADER: self.execd_token(rec)}
+        return body
 
     async def open_endpoint(
         self, sandbox_id: str, port: int, preferred: int | None = None
@@ -663,7 +716,7 @@ class SandboxService:
         host_port = await self.forwarder.open(sandbox_id, port, preferred)
         if sandbox_id not in self._records:  # deleted meanwhile
             await self.forwarder.close_sandbox(sandbox_id)
-            raise NotFound(f"sandbox {sandbox_id} not found", code="SANDBOX_NOT_FOUND")
+            raise _not_found(sandbox_id)
         await self.store.save_endpoint(sandbox_id, port, host_port)
         return host_port
 
@@ -727,9 +780,84 @@ def _bind_host(host: str) -> str:
     return host or "127.0.0.1"
 
 
-def _reason_for(exc: SandlotError) -> str:
-    if isinstance(exc, ImageNotFound):
-        return "ImageNotFound"
-    if isinstance(exc, ImagePullError):
-        return "ImagePullFailed"
-    return "".join(part.capitalize() for part in exc.code.lower().split("_"))
+def _not_found(sandbox_id: str) -> NotFound:
+    return NotFound(f"Sandbox {sandbox_id} not found.", code=codes.SANDBOX_NOT_FOUND)
+
+
+def _unsupported(message: str) -> InvalidRequest:
+    # 400 with a code, as the reference refuses what its runtime cannot honour: the released
+    # SDK parses the body of a 400 (and not of a 501) into ``SandboxApiException.error``.
+    return InvalidRequest(message, code=codes.API_NOT_SUPPORTED)
+
+
+def _check_renew_on_access(extensions: dict[str, str]) -> None:
+    if RENEW_ON_ACCESS_KEY not in extensions:
+        return
+    raw = extensions[RENEW_ON_ACCESS_KEY].strip()
+    if not raw.lstrip("+-").isdigit() or not 300 <= int(raw) <= 86400:
+        raise InvalidRequest(
+            f'Invalid extensions["{RENEW_ON_ACCESS_KEY}"]: a whole number of seconds from '
+            f"300 to 86400 (5 minutes to 24 hours) is expected, got {raw!r}.",
+            code=codes.INVALID_PARAMETER,
+        )
+
+
+def _check_platform(
+    req: CreateSandboxRequest, offered: frozenset[str], runtime: str
+) -> None:
+    """The reference's os/arch vocabulary first (normalised), then what the runtime runs."""
+    assert req.platform is not None
+    os_name = req.platform.os.strip().lower()
+    arch = req.platform.arch.strip().lower()
+    if os_name not in ("linux", "windows"):
+        raise InvalidRequest(
+            f"Unsupported platform.os '{req.platform.os}'. Supported values: linux, windows.",
+            code=codes.INVALID_PARAMETER,
+        )
+    if arch not in ("amd64", "arm64"):
+        raise InvalidRequest(
+            f"Unsupported platform.arch '{req.platform.arch}'. Supported values: amd64, arm64.",
+            code=codes.INVALID_PARAMETER,
+        )
+    req.platform.os, req.platform.arch = os_name, arch
+    wanted = f"{os_name}/{arch}"
+    if offered and wanted not in offered:
+        raise InvalidRequest(
+            f"platform {wanted} cannot be satisfied: the {runtime} runtime runs "
+            f"{', '.join(sorted(offered))}",
+            code=codes.INVALID_PARAMETER,
+        )
+
+
+def _check_timeout(timeout: int, limit: int | None) -> None:
+    try:
+        utcnow() + timedelta(seconds=timeout)
+    except (OverflowError, ValueError):
+        raise InvalidRequest(
+            f"Sandbox timeout {timeout}s is too large to represent.", code=codes.INVALID_PARAMETER
+        ) from None
+    if limit is not None and timeout > limit:
+        raise InvalidRequest(
+            f"Sandbox timeout {timeout}s exceeds the configured maximum of {limit}s "
+            "(server.max_sandbox_timeout_seconds).",
+            code=codes.INVALID_PARAMETER,
+        )
+
+
+def _provisioning_error(image_uri: str, exc: Exception) -> SandlotError:
+    """What a failed create answers (and the Failed record says), in the reference's terms."""
+    if isinstance(exc, ImageNotFound | ImagePullError):
+        return RuntimeFailure(
+            f"Failed to pull image {image_uri}: {exc.message}", code=codes.IMAGE_PULL_FAILED
+        )
+    if isinstance(exc, SandlotError) and exc.status < 500:
+        return exc
+    if isinstance(exc, SandlotError):
+        detail = exc.message
+    elif isinstance(exc, TimeoutError):
+        detail = f"execd did not answer: {exc}"
+    else:
+        detail = f"{type(exc).__name__}: {exc}"
+    return RuntimeFailure(
+        f"Failed to create or start container: {detail}", code=codes.SANDBOX_START_FAILED
+    )

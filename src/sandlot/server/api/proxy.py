@@ -23,6 +23,8 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from sandlot.errors import Conflict, InvalidRequest, SandlotError
+from sandlot.runtime.execd_client import TOKEN_HEADER
+from sandlot.server import codes
 from sandlot.server.models import SandboxState
 from sandlot.server.sandbox_transport import SandboxTransport
 from sandlot.server.service import SandboxService
@@ -99,8 +101,9 @@ def _check_reachable(svc: SandboxService, sandbox_id: str) -> None:
     rec = svc.get(sandbox_id)
     if rec.state != SandboxState.RUNNING:
         raise Conflict(
-            f"sandbox {sandbox_id} is {rec.state.value}; the proxy reaches Running sandboxes only",
-            code="SANDBOX_STATE_CONFLICT",
+            f"Sandbox is not in a running state (it is {rec.state.value}); the proxy reaches "
+            "Running sandboxes only.",
+            code=codes.SANDBOX_NOT_RUNNING,
         )
 
 
@@ -125,6 +128,19 @@ def rebase_location(location: str, request_path: str, port: int) -> str:
     return request_path[: cut + len(marker)] + location
 
 
+def _add_execd_token(
+    svc: SandboxService, sandbox_id: str, port: int, headers: list[tuple[str, str]]
+) -> None:
+    """The server supplies the execd token the endpoint's ``headers`` name, as the reference's
+    proxy merges endpoint headers itself: a caller that passed the API key gate and did not
+    send the token still reaches execd (one it did send is kept)."""
+    if port != svc.cfg.execd.port:
+        return
+    if any(k.lower() == TOKEN_HEADER.lower() for k, _ in headers):
+        return
+    headers.append((TOKEN_HEADER, svc.execd_token(svc.get(sandbox_id))))
+
+
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
@@ -136,6 +152,7 @@ async def proxy_http(
     client, base = await _target(request.app, sandbox_id, port)
     await request.app.state.service.renew_on_access(sandbox_id)
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP]
+    _add_execd_token(request.app.state.service, sandbox_id, port, headers)
     has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
     upstream_req = client.build_request(
         request.method,
@@ -176,6 +193,7 @@ async def proxy_websocket(websocket: WebSocket, sandbox_id: str, port: int, path
     await svc.renew_on_access(sandbox_id)
     query = f"?{websocket.url.query}" if websocket.url.query else ""
     headers = [(k, v) for k, v in websocket.headers.items() if k.lower() not in _WS_SKIP]
+    _add_execd_token(svc, sandbox_id, port, headers)
     subprotocols = [
         p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p
     ]

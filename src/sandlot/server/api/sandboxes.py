@@ -5,16 +5,18 @@ from __future__ import annotations
 from typing import Annotated
 from urllib.parse import parse_qsl
 
-from fastapi import APIRouter, Body, Path, Query, Request
+from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from sandlot.errors import InvalidRequest, Unsupported
+from sandlot.errors import InvalidRequest
+from sandlot.server import codes
 from sandlot.server.api.schemas import (
     CreateSandboxRequest,
     RenewRequest,
     rfc3339,
     sandbox_json,
 )
+from sandlot.server.models import SandboxState
 from sandlot.server.service import SandboxService
 
 router = APIRouter()
@@ -27,17 +29,23 @@ def _svc(request: Request) -> SandboxService:
 def _metadata_filter(raw: str | None) -> dict[str, str] | None:
     if not raw:
         return None
-    pairs = parse_qsl(raw, keep_blank_values=True, strict_parsing=False)
-    if not pairs:
-        raise InvalidRequest(f"metadata filter {raw!r} has no key=value pairs")
-    return dict(pairs)
+    try:  # strict, as on the reference: "a=1&broken" is refused, not half-read
+        pairs = parse_qsl(raw, keep_blank_values=True, strict_parsing=True)
+    except ValueError as exc:
+        raise InvalidRequest(
+            f"Invalid metadata filter {raw!r}: {exc}", code=codes.INVALID_METADATA_FORMAT
+        ) from exc
+    return dict(pairs) or None
 
 
 @router.post("/sandboxes", status_code=202)
 async def create_sandbox(request: Request, body: CreateSandboxRequest) -> JSONResponse:
     rec = await _svc(request).create(body)
+    answer = sandbox_json(rec, full=False)
+    if rec.state == SandboxState.RUNNING:  # the reference's words for a create that started
+        answer["status"]["message"] = codes.STARTED_MESSAGE
     return JSONResponse(
-        sandbox_json(rec, full=False),
+        answer,
         status_code=202,
         headers={"Location": f"/v1/sandboxes/{rec.id}"},
     )
@@ -49,7 +57,7 @@ async def list_sandboxes(
     state: Annotated[list[str] | None, Query()] = None,
     metadata: Annotated[str | None, Query()] = None,
     page: Annotated[int, Query(ge=1)] = 1,
-    page_size: Annotated[int, Query(alias="pageSize", ge=1, le=1000)] = 20,
+    page_size: Annotated[int, Query(alias="pageSize", ge=1, le=200)] = 20,
 ) -> dict:
     result = _svc(request).list(state, _metadata_filter(metadata), page, page_size)
     return {
@@ -107,11 +115,24 @@ async def patch_metadata(
 async def get_endpoint(
     request: Request,
     sandbox_id: str,
-    port: Annotated[int, Path(ge=1, le=65535)],
+    port: int,
     use_server_proxy: bool = False,
-    expires: str | None = None,
+    expires: int | None = None,
 ) -> dict:
+    # The reference's order of checks: proxy+expires, expires, port range, then the sandbox.
     if expires is not None:
-        raise Unsupported("signed endpoints (expires=...) are not supported by this server")
+        if use_server_proxy:
+            raise InvalidRequest(
+                "use_server_proxy and expires cannot be combined: signed endpoints go through "
+                "a gateway route, not the server proxy.",
+                code=codes.INVALID_PARAMETER,
+            )
+        raise InvalidRequest(
+            "Signed endpoints (the expires parameter) are not supported by this server: it "
+            "has no ingress gateway to sign routes for.",
+            code=codes.API_NOT_SUPPORTED,
+        )
+    if not 1 <= port <= 65535:
+        raise InvalidRequest("Port must be between 1 and 65535.", code=codes.INVALID_PORT)
     authority = request.headers.get("host") or f"{request.url.hostname}:{request.url.port}"
     return await _svc(request).endpoint(sandbox_id, port, use_server_proxy, authority)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sandlot.server.models import SandboxRecord
 
@@ -48,9 +48,35 @@ class CreateSandboxRequest(_Body):
     extensions: dict[str, str] = Field(default_factory=dict)
     lifecycle: dict[str, Any] | None = None
 
+    @model_validator(mode="after")
+    def _one_source(self) -> CreateSandboxRequest:
+        # As on the reference, a 422: the body names an image or a snapshot, not both/neither.
+        # (A template create, sandlot's own, names neither.)
+        has_image = self.image is not None and bool(self.image.uri.strip())
+        has_snapshot = bool((self.snapshot_id or "").strip())
+        pooled = bool((self.extensions or {}).get("poolRef", "").strip())
+        if self.template_id is None and not pooled and has_image == has_snapshot:
+            raise ValueError("Exactly one of image or snapshotId must be provided.")
+        if not has_snapshot:
+            self.snapshot_id = None
+        return self
+
+    @field_validator("resource_limits", "env", "metadata", "extensions", mode="before")
+    @classmethod
+    def _null_is_empty(cls, value: Any) -> Any:
+        # The reference accepts ``null`` for each of these maps (and means "none").
+        return {} if value is None else value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _drop_null_env(cls, value: Any) -> Any:
+        # ``{"NAME": null}`` is accepted and sets nothing, as on the reference.
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if v is not None}
+        return value
+
 
 class RenewRequest(_Body):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     expires_at: datetime = Field(alias="expiresAt")
 
 
