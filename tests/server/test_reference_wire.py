@@ -16,6 +16,11 @@ from websockets.asyncio.client import connect as ws_connect
 from tests.server.conftest import API_KEY, Harness
 from tests.server.test_lifecycle_api import BODY, create
 
+# Wire shapes, over the fake runtime (whose hooks inject the failures): the same behaviours
+# over the real runtime are pinned through ``sandlot serve`` in
+# tests/compat/test_reference_wire_sdk.py, so the suite is not run twice here.
+pytestmark = pytest.mark.fake_only
+
 
 def error(r: httpx.Response, status: int, code: str) -> str:
     assert r.status_code == status, r.text

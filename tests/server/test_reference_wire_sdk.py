@@ -15,6 +15,11 @@ from opensandbox.sync import SandboxSync
 
 from tests.server.conftest import API_KEY, Harness
 
+# Wire shapes, over the fake runtime (whose hooks inject the failures): the same behaviours
+# over the real runtime are pinned through ``sandlot serve`` in
+# tests/compat/test_reference_wire_sdk.py, so the suite is not run twice here.
+pytestmark = pytest.mark.fake_only
+
 
 def domain(harness: Harness) -> str:
     return f"127.0.0.1:{harness.cfg.server.port}"
