@@ -131,9 +131,10 @@ class ContainerInfo:
     reason: str | None = None  # e.g. "hibernated": shown in the sandbox's status
 
 
-# Called by ``create`` with (reason, message) while it works; shown as the Pending sandbox's
-# status. ("Pulling", ...) when it fetches the image (stored at once), ("Starting", ...) when
-# it starts the container (kept in memory: it is the common, fast case).
+# Called by ``create`` with (step, message) while it works; the service shows the Pending
+# sandbox as the reference does (reason CONTAINER_STARTING, the step in the message).
+# ("Pulling", ...) when it fetches the image (stored at once), ("Starting", ...) when it
+# starts the container (kept in memory: it is the common, fast case).
 Progress = Callable[[str, str], Awaitable[None]]
 # Called by a backend that notices, without being asked, that a sandbox's container stopped
 # or vanished (e.g. removed with the engine's own tools): (sandbox id, its state now).
