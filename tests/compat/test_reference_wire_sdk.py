@@ -6,6 +6,7 @@ and label rules. One test per behaviour; docs/compatibility.md lists them.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -41,6 +42,14 @@ def pair(sandlot_server: SandlotServer) -> Iterator[tuple[str, str]]:
         first = c.post("/v1/sandboxes", json=body()).json()["id"]
         second = c.post("/v1/sandboxes", json=body(timeout=None)).json()["id"]
         try:
+            deadline = time.monotonic() + 180  # a loaded machine may answer Pending first
+            while time.monotonic() < deadline:
+                states = {c.get(f"/v1/sandboxes/{s}").json()["status"]["state"]
+                          for s in (first, second)}
+                if states == {"Running"}:
+                    break
+                time.sleep(0.2)
+            assert states == {"Running"}, states
             yield first, second
         finally:
             for sid in (first, second):
