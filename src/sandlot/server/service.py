@@ -703,8 +703,8 @@ class SandboxService:
             host_port = await self.open_endpoint(sandbox_id, port)
             url = f"{self.cfg.server.endpoint_host}:{host_port}"
         body: dict[str, Any] = {"endpoint": url}
-        if port == self.cfg.execd.port:  # sandlot's execd checks a per-sandbox token
-            body["headers"] = {execd_client.TOKEN_HEADER: self.execd_token(rec)}
+        if headers:  # omitted when empty, as the reference does
+            body["headers"] = headers
         return body
 
     async def open_endpoint(
