@@ -60,11 +60,12 @@ def test_removed_behind_sandlots_back_is_failed(fresh_server: SandlotServer) -> 
         # while the server runs: the engine's events say so
         _remove_container(server, gone)
         body = wait_state(c, gone, "Failed", timeout=30)
-        assert body["status"]["reason"] == "ContainerVanished"
+        assert body["status"]["reason"] == "CONTAINER_EXITED_ERROR"  # the reference's reason
         assert server.docker is not None and server.docker.client is not None
         server.docker.client.api.kill(container_name(stopped))
         body = wait_state(c, stopped, "Failed", timeout=30)
-        assert body["status"]["reason"] == "ContainerExited"
+        assert body["status"]["reason"] == "CONTAINER_EXITED_ERROR"
+        assert "exited" in body["status"]["message"]
         # a failed sandbox's container is not kept running or stopped in the engine
         assert server.runtime_ids() == {kept}
         assert c.delete(f"/v1/sandboxes/{gone}").status_code == 204
@@ -75,7 +76,7 @@ def test_removed_behind_sandlots_back_is_failed(fresh_server: SandlotServer) -> 
         _remove_container(server, vanished_while_down)
         server.start()
         body = wait_state(c, vanished_while_down, "Failed", timeout=30)
-        assert body["status"]["reason"] == "ContainerVanished"
+        assert body["status"]["reason"] == "CONTAINER_EXITED_ERROR"  # the reference's reason
 
 
 def test_sandboxes_survive_a_restart(fresh_server: SandlotServer) -> None:

@@ -487,14 +487,16 @@ class SandboxService:
                 return  # deleted or changed meanwhile
             await self.forwarder.close_sandbox(sandbox_id)
             if info.state == ContainerState.MISSING:
-                await self.set_state(rec, SandboxState.FAILED, "ContainerVanished",
-                                     "the sandbox's container no longer exists in the runtime")
+                await self.set_state(rec, SandboxState.FAILED, codes.EXITED_ERROR,
+                                     "Sandbox container no longer exists in the runtime.")
                 return
             with contextlib.suppress(Exception):
                 await self.runtime.delete(sandbox_id)
-            code = f" (exit code {info.exit_code})" if info.exit_code is not None else ""
-            await self.set_state(rec, SandboxState.FAILED, "ContainerExited",
-                                 f"the sandbox's init process is no longer running{code}")
+            # The reference's reason and messages, as restart reconciliation writes them.
+            await self.set_state(
+                rec, SandboxState.FAILED, codes.EXITED_ERROR,
+                f"Sandbox container exited with code {info.exit_code}."
+                if info.exit_code is not None else "Sandbox container is no longer running.")
 
     async def delete(self, sandbox_id: str, reason: str = "user_delete") -> None:
         rec = self.get(sandbox_id)
