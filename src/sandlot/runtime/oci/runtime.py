@@ -362,6 +362,8 @@ class OciRuntime(Runtime):
             await runsc.create_access(netns_name(spec.sandbox_id))
         lowers = list(image.lower_dirs)
         uid_base = None
+        # Volumes are host directories owned by host ids: a sandbox with volumes runs without
+        # a user namespace until their binds are idmapped too (runc 1.1 cannot idmap binds).
         if self.user_namespaces and not spec.volumes:
             uid_base = self.ranges.allocate(spec.sandbox_id, p.root)
             lowers = self._shift_owners(p, lowers, uid_base)
@@ -420,7 +422,7 @@ class OciRuntime(Runtime):
         while the data dir is root-only. So the overlay goes below ``ROOTS_DIR`` (0711: no
         listing), in a directory of the container's own that only its range may enter.
         """
-        if not self.user_namespaces:
+        if self.ranges.base_of(container_id) is None:  # no user namespace
             return SandboxPaths.of(self.data_dir, container_id).rootfs
         return self._roots_dir / container_id / "rootfs"
 
