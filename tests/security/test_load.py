@@ -15,7 +15,12 @@ import time
 import httpx
 import pytest
 
-from tests.compat.conftest import SandlotServer, compat_image_root, fresh_server  # noqa: F401
+from tests.compat.conftest import (  # noqa: F401
+    SandlotServer,
+    compat_backend,
+    compat_image_root,
+    fresh_server,
+)
 from tests.runtime.helpers import line_of, stream_event
 
 SANDBOXES = 20

@@ -23,7 +23,12 @@ import pytest
 from sandlot.runtime.oci import cgroups as cg
 from sandlot.runtime.oci.layout import netns_name
 from sandlot.runtime.oci.runtime import ROOTS_DIR
-from tests.compat.conftest import SandlotServer, compat_image_root, fresh_server  # noqa: F401
+from tests.compat.conftest import (  # noqa: F401
+    SandlotServer,
+    compat_backend,
+    compat_image_root,
+    fresh_server,
+)
 
 LEAK_CYCLES = int(os.environ.get("SANDLOT_LEAK_CYCLES", "40"))
 CHAOS_RUNS = int(os.environ.get("SANDLOT_CHAOS_RUNS", "51"))
