@@ -17,6 +17,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Literal
 
 from sandlot.config import Config
 from sandlot.images.model import Image
@@ -35,6 +36,10 @@ def _row(name: str, xs: list[float]) -> str:
     ms = [x * 1000 for x in xs]
     return (f"{name:34s} n={len(ms):3d}  p50={statistics.median(ms):7.1f} ms  "
             f"p99={_pct(ms, 0.99):7.1f} ms  max={max(ms):7.1f} ms")
+
+
+def _userns(value: str) -> bool | Literal["auto"]:
+    return "auto" if value == "auto" else value == "true"
 
 
 async def _one(rt: OciRuntime, image: Image) -> tuple[str, float]:
@@ -78,6 +83,8 @@ async def main() -> None:
     ap.add_argument("--concurrent", type=int, default=10)
     ap.add_argument("--pool-size", type=int, default=2)
     ap.add_argument("--cold-only", action="store_true")
+    ap.add_argument("--user-namespaces", choices=["auto", "true", "false"], default="auto",
+                    help="[runtime] user_namespaces (compare the cost of per-sandbox userns)")
     ap.add_argument("--images", default=os.environ.get("SANDLOT_TEST_IMAGES",
                                                        "/var/tmp/sandlot-test/images"))
     a = ap.parse_args()
@@ -86,6 +93,7 @@ async def main() -> None:
     try:
         cold_cfg = Config(data_dir=data)
         cold_cfg.runtime.warm_pool_size = 0
+        cold_cfg.runtime.user_namespaces = _userns(a.user_namespaces)
         rt = await OciRuntime.open(cold_cfg)
         c, d = await _serial(rt, image, a.n, warm=False)
         print(_row("cold create->/ping (serial)", c))
@@ -97,6 +105,7 @@ async def main() -> None:
         for size in [] if a.cold_only else sorted({a.pool_size, a.concurrent}):
             cfg = Config(data_dir=data)
             cfg.runtime.warm_pool_size = size
+            cfg.runtime.user_namespaces = _userns(a.user_namespaces)
             cfg.runtime.warm_pool_images = [image.name]
             rt = await OciRuntime.open(cfg)
             await rt.prewarm(image)

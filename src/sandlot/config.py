@@ -39,6 +39,13 @@ class ServerConfig(_Section):
     # How long a create request may wait for its sandbox to be Running before it answers
     # (with Pending if not yet); 0 answers at once.
     create_wait_seconds: float = 3.0
+    # Largest lifecycle request body (JSON) the server reads; the proxy streams and is exempt.
+    max_request_body_bytes: int = 1 << 20
+    # Direct endpoints (a host listener per sandbox port): at most this many per sandbox,
+    # this many open connections per sandbox, and idle connections closed after this long.
+    max_endpoints_per_sandbox: int = Field(default=32, ge=1)
+    max_connections_per_sandbox: int = Field(default=1024, ge=1)
+    endpoint_idle_timeout_seconds: float = Field(default=300.0, gt=0)
 
 
 class RuntimeConfig(_Section):
@@ -60,6 +67,18 @@ class RuntimeConfig(_Section):
     # Cap on a sandbox's writable layer when a create names no resourceLimits
     # "ephemeral-storage" (a quantity such as "2Gi"); unset = no cap (docs/volumes.md).
     default_ephemeral_storage: str | None = None
+
+    # oci: run each sandbox in a user namespace of its own uid range (root inside is an
+    # unprivileged host uid). "auto": where the kernel supports idmapped layers.
+    user_namespaces: bool | Literal["auto"] = "auto"
+    # Limits of a sandbox whose create omits them (resourceLimits keys: cpu, memory, pids),
+    # and the largest a create may ask for (unset keys: the host's CPUs, its memory and
+    # pids_limit). Applied to every create, whichever client sends it.
+    default_resources: dict[str, str] = Field(
+        default_factory=lambda: {"cpu": "1", "memory": "2Gi"})
+    max_resources: dict[str, str] = Field(default_factory=dict)
+    # Live sandboxes (not yet deleted or failed) one server holds at most; 0: no cap.
+    max_sandboxes: int = Field(default=200, ge=0)
 
 
 class StorageConfig(_Section):
@@ -241,6 +260,10 @@ max_sandbox_timeout_seconds = 86400
 type = "oci"          # oci (no daemon needed) | docker
 # oci_binary = "runc" # runc, crun or runsc
 pids_limit = 4096
+# Limits of a create that names none, and the most a create may ask for.
+default_resources = { cpu = "1", memory = "2Gi" }
+# max_resources = { cpu = "4", memory = "8Gi", pids = "4096" }  # default: host CPUs/memory
+max_sandboxes = 200
 # Pre-started sandboxes per pooled image, claimed by creates in a few ms (0 turns it off).
 warm_pool_size = 2
 warm_pool_images = ["base"]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import json
 import os
+import shlex
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -43,14 +46,87 @@ class ExecResult:
     stderr: str
 
 
-def runc_exec(rt: OciRuntime, sandbox_id: str, script: str, timeout: float = 60) -> ExecResult:
-    """Run ``sh -c script`` inside the sandbox with the container's own process settings
-    (same namespaces, cgroups, capabilities, seccomp and no_new_privs as its workload)."""
-    p = subprocess.run(
-        [rt.runc.binary, "--root", str(rt.runc.root), "exec", sandbox_id, "sh", "-c", script],
-        capture_output=True, text=True, timeout=timeout,
-    )
-    return ExecResult(p.returncode, p.stdout, p.stderr)
+def runc_exec(
+    rt: OciRuntime, sandbox_id: str, script: str, timeout: float = 60, token: str | None = None
+) -> ExecResult:
+    """Run ``sh -c script`` inside the sandbox as its workload runs: started by execd (PID 1),
+    so with the container's namespaces, cgroups, capabilities, seccomp and no_new_privs.
+
+    (Not ``runc exec``: runc 1.1 joins the user namespace before the network namespace,
+    which a user-namespaced sandbox's host-owned network namespace then refuses.) Callable
+    from sync code and from a running test loop alike: it runs on a loop of its own.
+    """
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, _exec(rt, sandbox_id, script, timeout, token)).result()
+
+
+async def _exec(
+    rt: OciRuntime, sandbox_id: str, script: str, timeout: float, token: str | None
+) -> ExecResult:
+    headers = {"X-EXECD-ACCESS-TOKEN": token} if token else {}
+    out: list[str] = []
+    err: list[str] = []
+    code = -1
+    async with execd_client(rt, sandbox_id, headers=headers, timeout=timeout) as client:
+        deadline = time.monotonic() + 30
+        while True:  # execd may still be starting
+            try:
+                if (await client.get("/ping")).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"execd of {sandbox_id} does not answer")
+            await asyncio.sleep(0.02)
+        body = {"command": f"sh -c {shlex.quote(script)}", "timeout": int(timeout * 1000)}
+        async with client.stream("POST", "/command", json=body) as r:
+            if r.status_code != 200:
+                return ExecResult(255, "", (await r.aread()).decode(errors="replace"))
+            async for line in r.aiter_lines():
+                event = stream_event(line)
+                if event is None:
+                    continue
+                kind = event.get("type")
+                if kind == "stdout":
+                    out.append(line_of(event))
+                elif kind == "stderr":
+                    err.append(line_of(event))
+                elif kind == "execution_complete":
+                    code = int(event.get("exit_code") or 0)
+                elif kind == "error" and code == -1:
+                    with contextlib.suppress(ValueError, TypeError):
+                        code = int(event["error"]["evalue"])
+    return ExecResult(code, "".join(out), "".join(err))
+
+
+def stream_event(line: str) -> dict | None:
+    """One event of an execd stream line: the reference framing (a JSON object per line) or
+    standard SSE (``data: {...}``); None for blank, ``id:`` and comment lines."""
+    line = line[5:].strip() if line.startswith("data:") else line.strip()
+    if not line.startswith("{"):
+        return None
+    event = json.loads(line)
+    return event if isinstance(event, dict) else None
+
+
+def line_of(event: dict) -> str:
+    """A stdout/stderr event's text as the line it was (events carry one line each, without
+    its newline; an empty line comes as "\\n", as the reference sends it)."""
+    text = str(event.get("text", ""))
+    return text if text.endswith("\n") else text + "\n"
+
+
+def spawn_detached(rt: OciRuntime, sandbox_id: str, script: str) -> None:
+    """Start ``sh -c script`` in the sandbox in the background (like ``runc exec -d``)."""
+
+    async def start() -> None:
+        async with execd_client(rt, sandbox_id, timeout=30) as client:
+            r = await client.post("/command", json={"command": f"sh -c {shlex.quote(script)}",
+                                                    "background": True})
+            assert r.status_code == 200, r.text
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, start()).result()
 
 
 def execd_client(rt: OciRuntime, sandbox_id: str, **kw: object) -> httpx.AsyncClient:

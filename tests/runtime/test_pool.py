@@ -97,7 +97,8 @@ async def test_claim_gives_a_working_sandbox(pooled: OciRuntime, rt_image: Image
         await asyncio.sleep(0.02)
     assert ep.read_text().strip() == "hi there"
     # the container's own processes cannot change the hostname back
-    assert runc_exec(rt, cid, "hostname evil || echo refused").stdout.strip().endswith("refused")
+    r = runc_exec(rt, cid, "hostname evil || echo refused", token="tok1")
+    assert r.stdout.strip().endswith("refused")
 
 
 async def test_pool_refills_and_delete_leaves_nothing(pooled: OciRuntime,

@@ -32,9 +32,10 @@ def test_process_starts_execd_from_bundle_then_entrypoint() -> None:
     assert args[-3:] == ["--", "python", "app.py"]
     env = dict(e.split("=", 1) for e in c["process"]["env"])
     assert env["PATH"] == "/custom/bin" and env["LANG"] == "de_DE.UTF-8"
-    assert env["SANDLOT_EXECD_TOKEN"] == "tok"
+    assert "tok" not in env.values()  # it reaches execd through stdin, not the environment
+    assert "--token-stdin" in args
     private = env["SANDLOT_EXECD_PRIVATE_ENV"].split(",")
-    assert {"PYTHONHOME", "PYTHONPATH", "SANDLOT_EXECD_TOKEN"} <= set(private)
+    assert {"PYTHONHOME", "PYTHONPATH"} <= set(private)
     assert c["process"]["noNewPrivileges"] is True
     assert c["hostname"] == "abc"
 

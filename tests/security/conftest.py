@@ -1,6 +1,9 @@
 """The security tests run real sandboxes with the runtime tests' fixtures, and real
 ``sandlot serve`` processes with the compat suite's."""
 
+import pytest
+
+from sandlot.images.model import Image
 from tests.compat.conftest import compat_image_root  # noqa: F401
 from tests.runtime.conftest import (  # noqa: F401
     oci_runtime,
@@ -8,3 +11,10 @@ from tests.runtime.conftest import (  # noqa: F401
     runtime_data_dir,
     scratch_image,
 )
+from tests.server.conftest import client, harness  # noqa: F401, E402
+
+
+@pytest.fixture
+def harness_runtime() -> tuple[str, Image | None]:
+    """The API-bound tests check the server's own rules: the fake runtime is enough."""
+    return "fake", None

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import os
 import pwd
+import shlex
 import shutil
 import socket
 import sqlite3
@@ -28,6 +29,7 @@ import pytest
 
 from sandlot.config import Config
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer, _in_thread
+from tests.runtime.helpers import line_of, stream_event
 
 PROBE_USER = "sandlot-probe"
 
@@ -71,12 +73,28 @@ def _container_id(srv: SandlotServer, sid: str) -> str:
 
 
 def _in_sandbox(srv: SandlotServer, sid: str, script: str) -> subprocess.CompletedProcess[str]:
-    """``sh -c script`` as root inside the sandbox, with its workload's process settings."""
-    return subprocess.run(
-        ["runc", "--root", str(srv.data_dir / "runc"), "exec", _container_id(srv, sid),
-         "sh", "-c", script],
-        capture_output=True, text=True, timeout=60,
-    )
+    """``sh -c script`` as root inside the sandbox, with its workload's process settings:
+    started by execd (reached through the server proxy), as the workload's commands are.
+    (Not ``runc exec``: runc 1.1 cannot join a user-namespaced sandbox's host-owned network
+    namespace.)"""
+    out, err, code = [], [], -1
+    with srv.client() as c:
+        ep = c.get(f"/v1/sandboxes/{sid}/endpoints/44772",
+                   params={"use_server_proxy": "true"}).json()
+        body = {"command": f"sh -c {shlex.quote(script)}", "timeout": 60000}
+        with c.stream("POST", f"http://{ep['endpoint']}/command", json=body,
+                      headers=ep.get("headers") or {}, timeout=60) as r:
+            for line in r.iter_lines():
+                event = stream_event(line)
+                if event is None:
+                    continue
+                if event.get("type") == "stdout":
+                    out.append(line_of(event))
+                elif event.get("type") == "stderr":
+                    err.append(line_of(event))
+                elif event.get("type") == "execution_complete":
+                    code = int(event.get("exit_code") or 0)
+    return subprocess.CompletedProcess(["sh", "-c", script], code, "".join(out), "".join(err))
 
 
 class _HostSocket:

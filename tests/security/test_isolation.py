@@ -18,7 +18,7 @@ from sandlot.images.model import Image
 from sandlot.runtime.oci import OciRuntime
 from sandlot.runtime.oci import cgroups as cg
 from sandlot.runtime.oci.spec import CAPABILITIES
-from tests.runtime.helpers import leftovers, runc_exec, spec, wait_ping
+from tests.runtime.helpers import leftovers, runc_exec, spawn_detached, spec, wait_ping
 
 PY = "python3 -c"
 
@@ -76,11 +76,7 @@ async def test_fork_bomb_stops_at_pids_limit(oci_runtime: OciRuntime, rt_image: 
     await rt.create(spec("calm", rt_image))
     await rt.create(spec("bomb", rt_image, pids_limit=64, cpu_cores=0.5))
     await wait_ping(rt, "bomb")
-    proc = await asyncio.create_subprocess_exec(
-        rt.runc.binary, "--root", str(rt.runc.root), "exec", "-d", "bomb",
-        "sh", "-c", "b() { b | b & }; b",
-    )
-    await proc.wait()
+    spawn_detached(rt, "bomb", "b() { b | b & }; b")
     pids = cg.controller_dir("bomb", "pids")
     assert pids is not None
     for _ in range(300):  # bounded: at most ~15 s until the limit is hit

@@ -44,6 +44,9 @@ from sandlot.execd.http import (
 from sandlot.execd.settings import Settings
 from sandlot.execd.sparefiles import SpareFiles
 
+MAX_ID = 2**32 - 2  # the largest uid/gid Linux accepts ((uid_t)-1 means "unchanged")
+MAX_TIMEOUT_MS = 10 * 365 * 24 * 3600 * 1000  # 10 years; larger ones overflow timers
+
 F_SETPIPE_SZ = 1031
 F_GETPIPE_SZ = 1032
 PIPE_SIZE = 1 << 20
@@ -104,6 +107,8 @@ class CommandRequest:
             not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0
         ):
             raise bad_request("'timeout' must be a non-negative integer (milliseconds)")
+        if timeout is not None and timeout > MAX_TIMEOUT_MS:
+            raise bad_request(f"'timeout' {timeout} is out of range: at most {MAX_TIMEOUT_MS} ms")
         self.timeout_ms: int | None = timeout or None
         envs = data.get("envs") or {}
         if not isinstance(envs, dict) or not all(
@@ -122,8 +127,9 @@ class CommandRequest:
         for name, value in (("uid", uid), ("gid", gid)):
             if value is not None and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 0
+                or value > MAX_ID
             ):
-                raise bad_request(f"'{name}' must be a non-negative integer")
+                raise bad_request(f"'{name}' must be an integer from 0 to {MAX_ID}")
         if gid is not None and uid is None:
             raise bad_request("'gid' requires 'uid'")
         self.uid: int | None = uid
@@ -223,6 +229,8 @@ class CommandService:
         return ex
 
     def start(self, req: CommandRequest) -> Execution:
+        if req.uid is None and self.settings.default_uid is not None:  # the image's User
+            req.uid, req.gid = self.settings.default_uid, self.settings.default_gid
         ex = self.new_execution(req.content, background=req.background)
         env = self.base_env(req.envs)
         argv = req.argv if req.argv is not None else [self.shell, "-c", req.command or ""]
@@ -248,7 +256,10 @@ class CommandService:
         if req.timeout_ms:
             loop = asyncio.get_running_loop()
             handle = loop.call_later(req.timeout_ms / 1000, self._on_timeout, ex, req.timeout_ms)
-            ex.done.add_done_callback(lambda _f: handle.cancel())
+            # Kept when the command ends while processes of its group live on (``cmd &``, a
+            # fork bomb): the timeout bounds the whole group, not only its leader.
+            ex.done.add_done_callback(
+                lambda _f: None if procs.group_alive(pid) else handle.cancel())
         return ex
 
     def _spawn_command(
@@ -302,6 +313,11 @@ class CommandService:
         """As the reference: a timed-out command's group is killed (SIGKILL) at once; it then
         ends with exit code -1 and ``signal: killed``."""
         if not ex.running:
+            pgid = ex.pid
+            # Its leader is gone; what is left of its group is killed. (A pid reused as the
+            # leader of a newer command is that command's, and left alone.)
+            if pgid and pgid not in self._groups.values() and procs.group_alive(pgid):
+                asyncio.get_running_loop().create_task(procs.kill_group_until_gone(pgid))
             return
         ex.timed_out = True
         self.kill_running(ex.id)

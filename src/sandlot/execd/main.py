@@ -23,6 +23,7 @@ from sandlot.execd import protocol
 PRIVATE_ENV = "SANDLOT_EXECD_PRIVATE_ENV"
 TOKEN_ENV = "SANDLOT_EXECD_TOKEN"
 DEFAULT_PORT = protocol.DEFAULT_PORT
+KEEP_ALIVE_SECONDS = 75  # see the uvicorn Config below
 
 
 def scrub_environment(environ: Any = None) -> str | None:
@@ -33,6 +34,17 @@ def scrub_environment(environ: Any = None) -> str | None:
     for name in [*names, TOKEN_ENV, PRIVATE_ENV]:
         env.pop(name, None)
     return token
+
+
+def read_token_from_stdin() -> str | None:
+    """The token the runtime wrote into our stdin pipe; stdin is /dev/null afterwards."""
+    chunks = []
+    while chunk := os.read(0, 4096):
+        chunks.append(chunk)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return b"".join(chunks).decode().strip() or None
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -54,7 +66,16 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         help="unix:/path/to.sock or tcp:HOST:PORT (repeatable; default tcp:0.0.0.0:44772)",
     )
     parser.add_argument("--token", default=None, help="access token (or env SANDLOT_EXECD_TOKEN)")
+    parser.add_argument(
+        "--token-stdin",
+        action="store_true",
+        help="read the access token from stdin (up to EOF); keeps it out of /proc/1/environ",
+    )
     parser.add_argument("--workdir", default=None, help="default cwd of commands")
+    parser.add_argument(
+        "--user", default=None, metavar="UID:GID",
+        help="default user of the entrypoint and of commands that name none (image User)",
+    )
     parser.add_argument("--entrypoint-log", default=None, help="file for the entrypoint's output")
     parser.add_argument("--state-dir", default=None, help="where execution journals are kept")
     parser.add_argument("--log-level", default="warning")
@@ -113,7 +134,11 @@ def make_socket(addr: str) -> socket.socket:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns, entrypoint = parse_args(sys.argv[1:] if argv is None else argv)
-    token = ns.token or scrub_environment()
+    from sandlot.execd import procs
+
+    procs.become_undumpable()
+    token = read_token_from_stdin() if ns.token_stdin else None
+    token = token or ns.token or scrub_environment()
     scrub_environment()
     ns.listen = ns.listen or [f"tcp:0.0.0.0:{DEFAULT_PORT}"]
     sockets = [make_socket(a) for a in ns.listen]
@@ -152,8 +177,11 @@ async def _serve(
     from sandlot.execd.app import build_app
     from sandlot.execd.settings import Settings, default_workdir
 
+    uid, _, gid = (ns.user or "").partition(":")
     settings = Settings(
         token=token,
+        default_uid=int(uid) if uid else None,
+        default_gid=int(gid or 0) if uid else None,
         workdir=ns.workdir or default_workdir(),
         state_dir=ns.state_dir,
         interrupt_grace=ns.interrupt_grace,
@@ -235,6 +263,24 @@ def _configure_logging(level: str) -> None:
         level=getattr(logging, level.upper(), logging.WARNING),
         format="execd %(levelname)s %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_LogCap())
+
+
+class _LogCap:
+    """Stops execd's own log (the host-side container.log) at a cap: requests from the
+    workload that make execd log must not fill the host's disk."""
+
+    def __init__(self, max_bytes: int = 4 << 20) -> None:
+        self.left = max_bytes
+
+    def filter(self, record: Any) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= len(str(record.msg)) + 100
+        if self.left <= 0:
+            record.msg, record.args = "log cap reached: execd logs nothing more", ()
+        return True
 
 
 def _raise_fd_limit() -> None:
@@ -258,18 +304,31 @@ async def _start_entrypoint(
     server: Any, argv: list[str], log_path: str | None, settings: Any
 ) -> None:
     from sandlot.execd import procs
+    from sandlot.execd.cappedlog import CappedLog, copy_pipe_into
 
     while not server.started:
         await asyncio.sleep(0.005)
-    out = os.open(
-        log_path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644
-    )
+    if not log_path:
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            procs.spawn(argv, cwd=settings.workdir, env=dict(os.environ), stdout=null,
+                        stderr=null, uid=settings.default_uid, gid=settings.default_gid)
+        except OSError:
+            pass
+        finally:
+            os.close(null)
+        return
+    # Through a pipe into a capped, rotated log: the workload cannot grow it without bound.
+    log = CappedLog(log_path)
+    read_end, out = os.pipe2(os.O_CLOEXEC)
     try:
-        procs.spawn(argv, cwd=settings.workdir, env=dict(os.environ), stdout=out, stderr=out)
+        procs.spawn(argv, cwd=settings.workdir, env=dict(os.environ), stdout=out, stderr=out,
+                    uid=settings.default_uid, gid=settings.default_gid)
     except OSError as exc:
-        os.write(out, f"execd: cannot start entrypoint {argv[0]}: {exc}\n".encode())
+        log.write(f"execd: cannot start entrypoint {argv[0]}: {exc}\n".encode())
     finally:
         os.close(out)
+    copy_pipe_into(read_end, log)
 
 
 def _websocket_protocol(**kwargs: Any) -> Any:

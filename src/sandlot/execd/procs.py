@@ -25,6 +25,7 @@ from typing import Any
 
 from sandlot.execd.oomscore import prefer_child
 
+PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -35,6 +36,16 @@ def exit_code_from_status(status: int) -> int:
     if os.WIFEXITED(status):
         return os.WEXITSTATUS(status)
     return 255
+
+
+def become_undumpable() -> bool:
+    """Clear the dumpable flag: the workload (root in the sandbox, without CAP_SYS_PTRACE)
+    can then neither ptrace execd nor read its /proc files (environ, memory, fds)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def become_subreaper() -> bool:
@@ -218,6 +229,19 @@ def _forget_group_later(pgid: int) -> None:
         REAPER.untrack_group(pgid)
 
 
+async def kill_group_until_gone(pgid: int, limit: float = 30.0) -> bool:
+    """SIGKILL a group again and again until it has no member (a fork bomb adds members
+    between two kills); False if some survive ``limit`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while kill_group(pgid, signal.SIGKILL):
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    REAPER.untrack_group(pgid)
+    return True
+
+
 async def terminate_group(
     pgid: int,
     exited: asyncio.Future[int] | None,
@@ -227,12 +251,14 @@ async def terminate_group(
     signals: Sequence[int] | None = None,
 ) -> None:
     """Signal the whole group with each of ``signals`` (default ``first``, SIGTERM, SIGKILL),
-    ``grace`` s apart, stopping as soon as the leader has exited and the group is gone."""
+    ``grace`` s apart, stopping as soon as the leader has exited and the group is gone. A
+    SIGKILL is repeated until the group is empty (a fork bomb adds members between kills)."""
     sequence = tuple(signals) if signals else (first, signal.SIGTERM, signal.SIGKILL)
     for sig in sequence:
-        if not kill_group(pgid, sig):
-            break
         if sig == signal.SIGKILL:
+            await kill_group_until_gone(pgid)
+            break
+        if not kill_group(pgid, sig):
             break
         deadline = asyncio.get_running_loop().time() + grace
         while asyncio.get_running_loop().time() < deadline:

@@ -13,6 +13,9 @@ def default_workdir() -> str:
 @dataclass
 class Settings:
     token: str | None = None
+    # The image's User: entrypoint and commands run as it unless a request names a uid.
+    default_uid: int | None = None
+    default_gid: int | None = None
     workdir: str = field(default_factory=default_workdir)
     # Journals and logs of executions; a private temp dir when not given.
     state_dir: str | None = None

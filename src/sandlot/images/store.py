@@ -66,6 +66,9 @@ class ImageStore:
         self._inflight: dict[str, asyncio.Future[Image]] = {}
         for sub in ("rootfs", "tmp", "cache"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+            # Unpacked trees keep the images' setuid-root binaries and private files: no host
+            # user but root may reach them (the overlays built on them are mounted nosuid).
+            os.chmod(self.root / sub, 0o700)
         self._reap_stale_work()
 
     # ----------------------------------------------------------------- paths and reading

@@ -47,8 +47,10 @@ class ToolResult:
 class _Job:
     """One tool run on a pool thread; ``cancel()`` kills it, or stops it before it starts."""
 
-    def __init__(self, argv: list[str], out: IO[bytes] | int, timeout: float | None) -> None:
+    def __init__(self, argv: list[str], out: IO[bytes] | int, timeout: float | None,
+                 stdin: int | None = None) -> None:
         self.argv = argv
+        self.stdin = subprocess.DEVNULL if stdin is None else stdin
         self.out = out
         self.timeout = timeout
         self._lock = threading.Lock()
@@ -62,7 +64,7 @@ class _Job:
                 return ToolResult(-9, b"", f"{name} cancelled before it started".encode())
             try:
                 self._proc = subprocess.Popen(  # noqa: S603 - argv is built by sandlot
-                    self.argv, stdin=subprocess.DEVNULL, stdout=self.out,
+                    self.argv, stdin=self.stdin, stdout=self.out,
                     stderr=subprocess.PIPE if self.out == subprocess.PIPE else self.out,
                     start_new_session=True,  # a kill reaches the tool's own children too
                 )
@@ -93,16 +95,19 @@ class _Job:
 
 
 async def run_tool(
-    argv: list[str], *, output: IO[bytes] | None = None, timeout: float | None = None
+    argv: list[str], *, output: IO[bytes] | None = None, timeout: float | None = None,
+    stdin: int | None = None,
 ) -> ToolResult:
     """Run ``argv`` to completion; stdout/stderr captured, or both written to ``output``.
+
+    ``stdin`` is a file descriptor for the tool's standard input (default /dev/null).
 
     A missing binary is returned as exit code 127 with a message, like a shell would. A
     cancelled caller kills the tool and waits for it: a ``runc run`` finishing behind the
     back of the teardown that followed the cancellation would leak a container.
     """
     loop = asyncio.get_running_loop()
-    job = _Job(argv, output if output is not None else subprocess.PIPE, timeout)
+    job = _Job(argv, output if output is not None else subprocess.PIPE, timeout, stdin)
     fut = loop.run_in_executor(_executor(), job.run)
     try:
         return await asyncio.shield(fut)

@@ -22,6 +22,7 @@ from sandlot.server.api import (
     templates_api,
 )
 from sandlot.server.auth import ApiKeyMiddleware
+from sandlot.server.body_limit import BodyLimitMiddleware
 from sandlot.server.errors import install_error_handlers
 from sandlot.server.pools import PoolService
 from sandlot.server.service import SandboxService
@@ -98,5 +99,7 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
         app.include_router(sdk_metrics.router, prefix=prefix)
     if not cfg.server.api_key and not cfg.server.insecure_no_auth:
         raise ValueError("an API key is required unless server.insecure_no_auth is set")
+    # Added after the key check, so it runs inside it: only authenticated bodies are read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=cfg.server.max_request_body_bytes)
     app.add_middleware(ApiKeyMiddleware, api_key=cfg.server.api_key or None)
     return app

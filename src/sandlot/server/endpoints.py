@@ -43,12 +43,14 @@ class _Relay(asyncio.Protocol):
         self.done = done
         self.early: list[bytes] = []  # received before the peer was connected
         self.early_eof = False
+        self.last_active = asyncio.get_running_loop().time()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Not isinstance(asyncio.Transport): uvloop's transports (the server's loop) are not.
         self.own = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        self.last_active = asyncio.get_running_loop().time()
         if self.peer is None:
             self.early.append(data)
         else:
@@ -115,8 +117,14 @@ class _Accepted(_Relay):
 
 
 class EndpointForwarder:
-    def __init__(self, bind_host: str, connect: Connector, connect_grace: float = 2.0):
+    def __init__(self, bind_host: str, connect: Connector, connect_grace: float = 2.0, *,
+                 idle_timeout: float = 300.0, max_connections: int = 1024):
         self._bind_host = bind_host
+        # A connection with no byte either way for this long is closed (held-open idle
+        # connections would exhaust the server's file handles); past ``max_connections``
+        # open at once per sandbox, new ones are closed at once.
+        self.idle_timeout = idle_timeout
+        self.max_connections = max_connections
         self.connect_grace = connect_grace
         self._connect = connect
         self._servers: dict[tuple[str, int], asyncio.Server] = {}
@@ -126,6 +134,9 @@ class EndpointForwarder:
 
     def port_of(self, sandbox_id: str, port: int) -> int | None:
         return self._ports.get((sandbox_id, port))
+
+    def listener_count(self, sandbox_id: str) -> int:
+        return sum(1 for sid, _ in self._ports if sid == sandbox_id)
 
     async def open(self, sandbox_id: str, port: int, preferred: int | None = None) -> int:
         """Start (or reuse) the listener; try ``preferred`` first, else any free port."""
@@ -156,9 +167,14 @@ class EndpointForwarder:
         task = asyncio.current_task()
         assert task is not None
         conns = self._conns.setdefault(sandbox_id, set())
-        conns.add(task)  # type: ignore[arg-type]
         client_t = client.own
         assert client_t is not None
+        if len(conns) >= self.max_connections:
+            log.warning("endpoint %s:%s: %d connections open; refusing another", sandbox_id,
+                        port, len(conns))
+            client_t.close()
+            return
+        conns.add(task)  # type: ignore[arg-type]
         up_t: asyncio.Transport | None = None
         try:
             upstream = await self._connect_soon(sandbox_id, port)
@@ -177,12 +193,23 @@ class EndpointForwarder:
             client.start(up_t, up_relay)
             up_relay.start(client_t, client)
             client_t.resume_reading()
-            await client.done
+            await self._until_done_or_idle(client, up_relay)
         finally:
             conns.discard(task)  # type: ignore[arg-type]
             if up_t is not None:
                 up_t.close()
             client_t.close()
+
+    async def _until_done_or_idle(self, client: _Relay, upstream: _Relay) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            idle_for = loop.time() - max(client.last_active, upstream.last_active)
+            left = self.idle_timeout - idle_for
+            if left <= 0:
+                return
+            done, _ = await asyncio.wait({client.done}, timeout=left)
+            if done:
+                return
 
     async def _connect_soon(self, sandbox_id: str, port: int) -> socket.socket | None:
         """Connect inside, retrying briefly: a client may dial while the sandbox still starts.

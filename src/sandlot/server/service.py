@@ -45,12 +45,13 @@ from sandlot.runtime.base import (
 )
 from sandlot.server import codes, spec_parts
 from sandlot.server.api.schemas import CreateSandboxRequest
+from sandlot.server.bounds import CreateBounds, check_metadata_keys, check_port
 from sandlot.server.endpoints import EndpointForwarder
 from sandlot.server.expiry import ExpiryScheduler
 from sandlot.server.labels import check_metadata, is_reserved
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
 from sandlot.server.pools import POOL_REF, PoolService
-from sandlot.server.quantity import parse_cpu, parse_ephemeral_storage, parse_memory
+from sandlot.server.quantity import parse_ephemeral_storage
 from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store import SandboxStore
 from sandlot.server.tokens import ExecdTokens
@@ -105,8 +106,13 @@ class SandboxService:
         self.runtime = runtime
         self.store = store
         self.tokens = tokens
+        self.bounds = CreateBounds(cfg)
         self.expiry = ExpiryScheduler(self._expire)
-        self.forwarder = EndpointForwarder(_bind_host(cfg.server.host), self.connect)
+        self.forwarder = EndpointForwarder(
+            _bind_host(cfg.server.host), self.connect,
+            idle_timeout=cfg.server.endpoint_idle_timeout_seconds,
+            max_connections=cfg.server.max_connections_per_sandbox,
+        )
         self._records: dict[str, SandboxRecord] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._provisioning: dict[str, asyncio.Task[None]] = {}
@@ -212,6 +218,9 @@ class SandboxService:
         self._check_create(req)
         if req.network_policy is not None:
             parse_policy(req.network_policy)  # 400 naming the invalid rule
+        check_metadata_keys(req.metadata)
+        self.bounds.check_timeout(req.timeout)
+        self.bounds.check_capacity(self._live_count())
         limits = dict(req.resource_limits)
         pool_name = req.extensions.get(POOL_REF) or None
         pool_image = None
@@ -253,8 +262,8 @@ class SandboxService:
         else:
             assert req.image is not None
             image_uri = req.image.uri
-        cpu = parse_cpu(limits["cpu"]) if "cpu" in limits else None
-        memory = parse_memory(limits["memory"]) if "memory" in limits else None
+        resources = self.bounds.resources(limits)
+        limits = {**self.bounds.defaults, **limits}  # what the sandbox gets
         disk = self._disk_bytes(limits)
         volumes = spec_parts.volume_specs(req.volumes)
         await self.runtime.check_volumes(volumes)
@@ -292,7 +301,8 @@ class SandboxService:
         wait = self.cfg.server.create_wait_seconds
         if wait <= 0:  # answered at once, as Pending: stored before the answer names it
             await self.store.save(rec)
-        parts = {"env": env, "cpu": cpu, "memory": memory, "disk": disk, "auth": auth,
+        parts = {"env": env, "cpu": resources.cpu, "memory": resources.memory,
+                 "pids": resources.pids, "disk": disk, "auth": auth,
                  "volumes": volumes, "snapshot_id": snapshot_id}
         task = asyncio.create_task(self._provision(rec, parts))
         self._provisioning[rec.id] = task
@@ -334,6 +344,11 @@ class SandboxService:
         self._records.pop(rec.id, None)
         self._locks.pop(rec.id, None)
         await self.store.delete(rec.id)
+
+    def _live_count(self) -> int:
+        """Sandboxes that hold (or will hold) a container: the ones max_sandboxes counts."""
+        gone = (SandboxState.TERMINATED, SandboxState.FAILED)
+        return sum(1 for rec in self._records.values() if rec.state not in gone)
 
     def _provisioned(self, task: asyncio.Task[None]) -> None:
         for sid, t in list(self._provisioning.items()):
@@ -422,7 +437,7 @@ class SandboxService:
                 cpu_cores=parts["cpu"],
                 memory_bytes=parts["memory"],
                 disk_bytes=parts["disk"],
-                pids_limit=self.cfg.runtime.pids_limit,
+                pids_limit=parts["pids"],
                 execd_token=token,
                 volumes=parts["volumes"],
                 network_policy=spec_parts.network_policy(rec.network_policy),
@@ -715,6 +730,8 @@ class SandboxService:
         known = self.forwarder.port_of(sandbox_id, port)
         if known is not None:
             return known
+        check_port(port)
+        self.bounds.check_listeners(self.forwarder.listener_count(sandbox_id))
         host_port = await self.forwarder.open(sandbox_id, port, preferred)
         if sandbox_id not in self._records:  # deleted meanwhile
             await self.forwarder.close_sandbox(sandbox_id)

@@ -37,6 +37,11 @@ class SandboxPaths:
         return self.root / "rw"
 
     @property
+    def lower(self) -> Path:
+        """Idmapped mounts of the image layers (one per layer: ``lower/0``, ...)."""
+        return self.root / "lower"
+
+    @property
     def upper(self) -> Path:
         return self.rw / "upper"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,18 +45,31 @@ class Runc:
     def _starter(self, argv: list[str]) -> list[str]:
         return runsc.with_netns_check_hidden(argv) if self.gvisor else argv
 
-    async def run_detached(self, container_id: str, bundle: Path, stdio: Path, log: Path) -> None:
+    async def run_detached(
+        self, container_id: str, bundle: Path, stdio: Path, log: Path, secret: bytes = b""
+    ) -> None:
         """``run --detach``: create and start in one call.
 
-        The container's stdio are files, never pipes to us, so it outlives the server and
-        runc returns as soon as the init process runs.
+        The container's stdout/stderr are files, never pipes to us, so it outlives the
+        server and runc returns as soon as the init process runs. Its stdin is a pipe that
+        holds ``secret`` and then ends: the way a secret reaches the init process without
+        being in its environment or arguments (both readable in /proc).
         """
-        with open(stdio, "ab") as out:
-            res = await run_tool(
-                self._starter([*self._pre(log), "run", "--detach", "--bundle", str(bundle),
-                               container_id]),
-                output=out,
-            )
+        read_end, write_end = os.pipe()
+        try:
+            os.write(write_end, secret)  # a pipe holds 64 KiB: far more than a token
+            os.close(write_end)
+            write_end = -1
+            with open(stdio, "ab") as out:
+                res = await run_tool(
+                    self._starter([*self._pre(log), "run", "--detach", "--bundle", str(bundle),
+                                   container_id]),
+                    output=out, stdin=read_end,
+                )
+        finally:
+            os.close(read_end)
+            if write_end >= 0:
+                os.close(write_end)
         if not res.ok:
             raise RuncError(f"{self.binary} run failed: {last_error(log) or stdio_tail(stdio)}")
 

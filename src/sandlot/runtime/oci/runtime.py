@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -60,10 +61,14 @@ from sandlot.runtime.oci import (
     claimops,
     disklimit,
     hibernate,
+    idmap,
+    imageuser,
     mounts,
     netns,
     pool,
+    removal,
     runsc,
+    uidrange,
     volumes,
 )
 from sandlot.runtime.oci import spec as ocispec
@@ -87,6 +92,9 @@ class ImageSource(Protocol):
     async def pull(self, name: str, auth: RegistryAuth | None = None,
                    progress: Any = None) -> Any: ...
 
+# Mount points of user-namespaced sandboxes' root file systems (see ``rootfs_of``), one
+# folder per data dir.
+ROOTS_DIR = Path("/run/sandlot-rootfs")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _STATES = {
     "created": ContainerState.CREATED,
@@ -105,6 +113,19 @@ def _swap_limit_supported() -> bool:
     if cgroups.is_unified_only():
         return True
     return Path("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists()
+
+
+def _user_namespaces_wanted(cfg: Config, binary: str) -> bool:
+    """``[runtime] user_namespaces``: "auto" (on where runc and the kernel support the
+    idmapped layers it needs), true (required: refuse to start without) or false."""
+    wanted = cfg.runtime.user_namespaces
+    if wanted is False or Path(binary).name == "runsc":  # gVisor has its own user model
+        return False
+    ok = idmap.supported()
+    if wanted is True and not ok:
+        raise RuntimeFailure("[runtime] user_namespaces = true, but this kernel cannot "
+                             "idmap mounts (Linux >= 5.19 is needed)")
+    return ok
 
 
 class OciRuntime(Runtime):
@@ -128,8 +149,15 @@ class OciRuntime(Runtime):
         default_disk_bytes: int | None = None,
         runsc_platform: str = "ptrace",
         pause_mode: str = "freeze",
+        user_namespaces: bool = False,
     ) -> None:
         self.data_dir = data_dir
+        # Root in a sandbox is an unprivileged host uid range of its own (see uidrange.py).
+        self.user_namespaces = user_namespaces
+        self.ranges = uidrange.UidRanges(data_dir / "sandboxes")
+        self._userns_fds: dict[int, int] = {}  # uid base -> user namespace fd (reused)
+        digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
+        self._roots_dir = ROOTS_DIR / digest
         self.images = images
         self.execd_port = execd_port
         self.binary = OciBinary(binary, flavor_of(binary))
@@ -192,6 +220,7 @@ class OciRuntime(Runtime):
         for sub in ("sandboxes", "runc"):
             (data_dir / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(data_dir / "runc", 0o700)
+        await asyncio.to_thread(removal.sweep_trash, data_dir / "sandboxes")
         bundle = await asyncio.to_thread(ensure_bundle, data_dir / "execd-bundle")
         if images is None:
             from sandlot.images.store import ImageStore
@@ -202,12 +231,14 @@ class OciRuntime(Runtime):
         if cfg.network.mode == "isolated":
             network = await NetworkManager.open(cfg, data_dir)
         default_disk = cfg.runtime.default_ephemeral_storage
+        userns = await asyncio.to_thread(_user_namespaces_wanted, cfg, binary.path)
         rt = cls(data_dir, binary.path, bundle, cfg.runtime.pids_limit,
                  cfg.runtime.warm_pool_size, cfg.runtime.warm_pool_images,
                  images=images, execd_port=cfg.execd.port,
                  network=network, allowed_host_paths=cfg.storage.allowed_host_paths,
                  default_disk_bytes=parse_ephemeral_storage(default_disk) if default_disk else None,
-                 runsc_platform=cfg.runtime.runsc_platform, pause_mode=cfg.runtime.pause_mode)
+                 runsc_platform=cfg.runtime.runsc_platform, pause_mode=cfg.runtime.pause_mode,
+                 user_namespaces=userns)
         if rt._own_pool_dir():
             await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
             if network is not None:
@@ -329,11 +360,25 @@ class OciRuntime(Runtime):
             (p.etc / "resolv.conf").write_text(self.network.resolv_conf(spec.sandbox_id))
         if self.gvisor:
             await runsc.create_access(netns_name(spec.sandbox_id))
-        mounts.mount_overlay(list(image.lower_dirs), p.upper, p.work, p.rootfs)
+        lowers = list(image.lower_dirs)
+        uid_base = None
+        # Volumes are host directories owned by host ids: a sandbox with volumes runs without
+        # a user namespace until their binds are idmapped too (runc 1.1 cannot idmap binds).
+        if self.user_namespaces and not spec.volumes:
+            uid_base = self.ranges.allocate(spec.sandbox_id, p.root)
+            lowers = self._shift_owners(p, lowers, uid_base)
+            rootfs = self._make_rootfs_dir(spec.sandbox_id, uid_base)
+        else:
+            rootfs = p.rootfs
+        mounts.mount_overlay(lowers, p.upper, p.work, rootfs)
         limited = SandboxSpec(**{**spec.__dict__, "pids_limit": self._host_pids(spec)})
         config = ocispec.build_config(limited, image, self.bundle, netns=ns, etc_dir=p.etc,
                                       swap_limit=self._swap, execd_port=self.execd_port,
-                                      execd_host=runsc.GVISOR_ADDR if self.gvisor else None)
+                                      execd_host=runsc.GVISOR_ADDR if self.gvisor else None,
+                                      uid_base=uid_base,
+                                      user=imageuser.resolve_user(image.config.user,
+                                                                  list(image.lower_dirs)))
+        config["root"]["path"] = str(rootfs)
         if self.network is not None:
             config["mounts"].append({
                 "destination": "/etc/resolv.conf", "type": "bind",
@@ -349,7 +394,48 @@ class OciRuntime(Runtime):
                 claimops.WARM_CPU_SHARES
             )
         p.config_json.write_text(json.dumps(config, indent=1))
-        await self.runc.run_detached(spec.sandbox_id, p.bundle, p.container_log, p.runc_log)
+        await self.runc.run_detached(spec.sandbox_id, p.bundle, p.container_log, p.runc_log,
+                                     secret=(spec.execd_token or "").encode())
+
+    def _shift_owners(self, p: SandboxPaths, lowers: list[Path], base: int) -> list[Path]:
+        """Idmapped views of the image layers, and the sandbox's own writable dirs, owned by
+        its uid range: root inside owns what host root owns, nothing is copied."""
+        fd = self._userns_fds.get(base)
+        if fd is None:
+            fd = self._userns_fds[base] = idmap.userns_fd(base, uidrange.RANGE_SIZE)
+        shifted = []
+        for i, layer in enumerate(lowers):
+            target = p.lower / str(i)
+            target.mkdir(parents=True, exist_ok=True)
+            idmap.idmapped_bind(layer, target, fd)
+            shifted.append(target)
+        for d in (p.upper, p.upper / ocispec.WORKSPACE.lstrip("/"), p.etc,
+                  p.etc / "hosts", p.etc / "hostname"):
+            os.chown(d, base, base)
+        return shifted
+
+    def rootfs_of(self, container_id: str) -> Path:
+        """Where a container's overlay is mounted.
+
+        With user namespaces runc sets the root file system up from inside the namespace,
+        as the sandbox's root: the path must be traversable by that (unprivileged) host uid,
+        while the data dir is root-only. So the overlay goes below ``ROOTS_DIR`` (0711: no
+        listing), in a directory of the container's own that only its range may enter.
+        """
+        if self.ranges.base_of(container_id) is None:  # no user namespace
+            return SandboxPaths.of(self.data_dir, container_id).rootfs
+        return self._roots_dir / container_id / "rootfs"
+
+    def _make_rootfs_dir(self, container_id: str, base: int) -> Path:
+        self._roots_dir.mkdir(parents=True, exist_ok=True)
+        for d in (self._roots_dir.parent, self._roots_dir):
+            os.chmod(d, 0o711)
+        own = self._roots_dir / container_id
+        own.mkdir(mode=0o700, exist_ok=True)
+        os.chown(own, base, base)
+        rootfs = own / "rootfs"
+        rootfs.mkdir(exist_ok=True)
+        return rootfs
 
     async def set_network_policy(self, sandbox_id: str, policy: object) -> None:
         """Enforce ``policy`` for a running sandbox at once (no restart of anything)."""
@@ -383,19 +469,21 @@ class OciRuntime(Runtime):
         await asyncio.to_thread(cgroups.remove_sandbox_cgroups, sandbox_id)
         # only once the container is gone; raises if a volume stays mounted
         await asyncio.to_thread(volumes.unstage, p.root, sandbox_id, self.pvcs)
-        for mp in mounts.mounts_under(p.root):
+        own_root = self._roots_dir / sandbox_id
+        for mp in [*mounts.mounts_under(own_root), *mounts.mounts_under(p.root)]:
             mounts.unmount(Path(mp))
         if self.network is not None:
             await self.network.teardown(sandbox_id)
         if self.gvisor:
             await runsc.delete_access(netns_name(sandbox_id))
+        await asyncio.to_thread(removal.remove_tree, own_root)
         await netns.delete_netns(netns_name(sandbox_id))
         self.runc.remove_state(sandbox_id)  # if runc could not (e.g. its init already gone)
         left = mounts.mounts_under(p.root)
         if left:  # never rmtree through a mount (a volume's or the host's files)
             raise RuntimeFailure(f"sandbox {sandbox_id}: still mounted: {', '.join(left)}")
-        if p.root.exists():
-            await asyncio.to_thread(shutil.rmtree, p.root)
+        await asyncio.to_thread(removal.remove_tree, p.root)
+        self.ranges.release(sandbox_id)
 
     # -- named pools --------------------------------------------------------------------
 
@@ -546,7 +634,7 @@ class OciRuntime(Runtime):
         ids = self.runc.ids()
         sb = self.data_dir / "sandboxes"
         if sb.is_dir():
-            ids |= {d.name for d in sb.iterdir() if d.is_dir()}
+            ids |= {d.name for d in sb.iterdir() if d.is_dir() and not removal.is_trash(d.name)}
         return ids
 
     async def connect(self, sandbox_id: str, port: int) -> socket.socket:

@@ -18,6 +18,16 @@ from typing import Any
 
 CLONE_NEWUSER = 0x10000000
 
+# Socket families a workload may open: AF_UNIX (1), AF_INET (2), AF_INET6 (10) and AF_NETLINK
+# (16, which ``ip`` and ``ss`` read routes and sockets through). Everything else is refused
+# with EAFNOSUPPORT, as if the kernel lacked it: AF_VSOCK above all (vsock is not per network
+# namespace: a sandbox would share the VM's vsock ports with the host), AF_PACKET, AF_ALG,
+# AF_KEY, AF_BLUETOOTH and the rest of the rarely used, often exploited families.
+ALLOWED_SOCKET_FAMILIES = (1, 2, 10, 16)
+# The highest family number needing a rule of its own; from there on one ">=" rule covers
+# every family, and also values with junk in the upper 32 bits (seccomp compares all 64).
+_FAMILY_RULES_UP_TO = max(ALLOWED_SOCKET_FAMILIES) + 1
+
 # Calls no sandbox workload needs and that widen the kernel attack surface or reach the host.
 DENIED_SYSCALLS: tuple[str, ...] = (
     # kernel code and boot
@@ -40,6 +50,21 @@ DENIED_SYSCALLS: tuple[str, ...] = (
 )
 # ptrace stays allowed on purpose: without CAP_SYS_PTRACE it reaches only the sandbox's own
 # processes (pid namespace), and agents legitimately run strace/gdb.
+
+
+def _socket_family_rules() -> list[dict[str, Any]]:
+    """Deny ``socket(domain, ...)`` for every domain outside the allow list.
+
+    One comparison per rule (libseccomp cannot AND two on the same argument): ``==`` for each
+    refused family below the last allowed one, ``>=`` for all above it.
+    """
+    def rule(value: int, op: str) -> dict[str, Any]:
+        return {"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EAFNOSUPPORT,
+                "args": [{"index": 0, "value": value, "op": op}]}
+
+    refused = [f for f in range(_FAMILY_RULES_UP_TO) if f not in ALLOWED_SOCKET_FAMILIES]
+    return [*(rule(f, "SCMP_CMP_EQ") for f in refused),
+            rule(_FAMILY_RULES_UP_TO, "SCMP_CMP_GE")]
 
 
 def seccomp_profile() -> dict[str, Any]:
@@ -70,5 +95,6 @@ def seccomp_profile() -> dict[str, Any]:
                      "op": "SCMP_CMP_MASKED_EQ"}
                 ],
             },
+            *_socket_family_rules(),
         ],
     }

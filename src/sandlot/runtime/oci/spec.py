@@ -22,6 +22,7 @@ ENTRYPOINT_LOG = f"{RUN_DIR}/entrypoint.log"
 WORKSPACE = "/workspace"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CPU_PERIOD_US = 100_000
+USERNS_SIZE = 65536
 # execd (PID 1) all but opts out of the OOM killer: if it were picked, the whole sandbox would
 # go. Not -1000 (never killable): a leak in execd itself must still end somewhere. Children
 # inherit the value; the code service resets its kernels to 0 (execd/code/oom.py), so a kernel
@@ -54,10 +55,9 @@ def _env(spec: SandboxSpec, image: Image, bundle: ExecdBundle) -> list[str]:
             env[key] = value
     env.update(spec.env)
     env.update(bundle.env())
-    private = [*bundle.env(), "SANDLOT_EXECD_TOKEN"]
-    env["SANDLOT_EXECD_PRIVATE_ENV"] = ",".join(private)
-    if spec.execd_token:
-        env["SANDLOT_EXECD_TOKEN"] = spec.execd_token
+    # The token is not among them: it reaches execd through its stdin (see process_args),
+    # never through the environment the workload can read back from /proc/1/environ.
+    env["SANDLOT_EXECD_PRIVATE_ENV"] = ",".join(bundle.env())
     return [f"{k}={v}" for k, v in env.items()]
 
 
@@ -92,6 +92,7 @@ def workdir(image: Image) -> str:
 def process_args(
     spec: SandboxSpec, image: Image, bundle: ExecdBundle, execd_port: int,
     execd_host: str | None = None,
+    user: tuple[int, int] | None = None,
 ) -> list[str]:
     """execd as PID 1, then (after ``--``) the user's entrypoint, which execd starts.
 
@@ -99,6 +100,8 @@ def process_args(
     runtime's ``connect`` and from the workload itself, never from other sandboxes. Under
     gVisor it also listens on ``execd_host``, netstack's end of the access veth (the host
     cannot reach gVisor's loopback).
+    ``user``: the image's ``User`` as (uid, gid); execd (which must stay root to manage the
+    sandbox) starts the entrypoint and commands as that user unless a request names one.
     """
     listen = ["--listen", f"tcp:127.0.0.1:{execd_port}"]
     if execd_host:
@@ -106,6 +109,10 @@ def process_args(
                    "--keep-alive-timeout", str(GVISOR_KEEP_ALIVE)]
     args = [*bundle.python_argv(), "-m", "sandlot.execd", *listen,
             "--workdir", workdir(image), "--entrypoint-log", ENTRYPOINT_LOG]
+    if user is not None:
+        args += ["--user", f"{user[0]}:{user[1]}"]
+    if spec.execd_token:
+        args.append("--token-stdin")  # the runtime writes it into execd's stdin pipe
     if spec.entrypoint:
         args += ["--", *spec.entrypoint]
     return args
@@ -162,17 +169,23 @@ def build_config(
     swap_limit: bool,
     execd_port: int,
     execd_host: str | None = None,
+    uid_base: int | None = None,
+    user: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """The complete config.json for ``spec`` (rootfs is ``rootfs`` next to it)."""
+    """The complete config.json for ``spec`` (rootfs is ``rootfs`` next to it).
+
+    ``uid_base``: run in a user namespace whose ids 0..65535 are host ids from ``uid_base``
+    on (root inside is an unprivileged host user); None keeps host ids.
+    """
     caps = list(CAPABILITIES)
     # As many open files as the host lets us hand down (raising it needs CAP_SYS_RESOURCE).
     nofile = min(1 << 20, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
-    return {
+    config: dict[str, Any] = {
         "ociVersion": "1.0.2",
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            "args": process_args(spec, image, bundle, execd_port, execd_host),
+            "args": process_args(spec, image, bundle, execd_port, execd_host, user),
             "env": _env(spec, image, bundle),
             "cwd": workdir(image),
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
@@ -195,3 +208,20 @@ def build_config(
             "seccomp": seccomp_profile(),
         },
     }
+    if uid_base is not None:
+        _user_namespace(config, uid_base)
+    return config
+
+
+def _user_namespace(config: dict[str, Any], uid_base: int) -> None:
+    linux = config["linux"]
+    linux["namespaces"].append({"type": "user"})
+    mapping = [{"containerID": 0, "hostID": uid_base, "size": USERNS_SIZE}]
+    linux["uidMappings"] = mapping
+    linux["gidMappings"] = list(mapping)
+    # sysfs cannot be mounted from a user namespace that does not own the network namespace
+    # (created by the host): a read-only bind of the host's /sys shows the same.
+    for m in config["mounts"]:
+        if m["destination"] == "/sys":
+            m.update(type="bind", source="/sys",
+                     options=["rbind", "nosuid", "noexec", "nodev", "ro"])
