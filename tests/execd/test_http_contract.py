@@ -126,6 +126,11 @@ def test_file_error_paths_get_the_reference_statuses_and_codes(
             (c.post("/files/permissions", json={missing: {"mode": 644}}), 500, "RUNTIME_ERROR"),
             (c.post("/files/permissions", json={str(tmp_path / "f"): {"owner": "no-such-user"}}),
              500, "RUNTIME_ERROR"),
+            # an id chown(2) cannot take is bad input, not a crash (found by the fuzz suite)
+            (c.post("/files/permissions", json={str(tmp_path / "f"): {"group": -5}}),
+             400, "INVALID_REQUEST_BODY"),
+            (c.post("/files/permissions", json={str(tmp_path / "f"): {"owner": 2**40}}),
+             400, "INVALID_REQUEST_BODY"),
         ]
         for r, status, code in cases:
             assert r.status_code == status, (r.request.method, r.request.url, r.text)

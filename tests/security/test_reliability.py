@@ -141,7 +141,7 @@ def _usable(c: httpx.Client, sid: str) -> bool:
 
 def check_consistent(server: SandlotServer) -> None:
     with server.client() as c:
-        items = c.get("/v1/sandboxes", params={"pageSize": 1000}).json()["items"]
+        items = c.get("/v1/sandboxes", params={"pageSize": 200}).json()["items"]  # the max
         known = set()
         for item in items:
             sid = item["id"]

@@ -269,8 +269,9 @@ async def test_error_shapes(harness: Harness, client: httpx.AsyncClient) -> None
         assert r.status_code == 200 and r.json()["items"] == []
         r = await client.delete("/v1/snapshots/snap-1")
         assert r.status_code == 404 and r.json()["code"] == "SNAPSHOT::NOT_FOUND"
+        # image and snapshotId together: the reference's model check, a 422
         r = await client.post("/v1/sandboxes", json={**BODY, "snapshotId": "snap-1"})
-        assert r.status_code == 400 and "snapshotId" in r.json()["message"]
+        assert r.status_code == 422 and "snapshotId" in r.json()["message"]
     else:
         assert r.status_code == 501 and r.json()["code"] == "NOT_SUPPORTED"
         r = await client.post("/v1/sandboxes/x/snapshots", json={})

@@ -96,9 +96,20 @@ def group_name(gid: int) -> str:
         return str(gid)
 
 
+# Largest id chown(2) takes: (uid_t)-1 means "unchanged", so ids run 0 .. 2**32 - 2.
+_MAX_ID = 2**32 - 2
+
+
+def _numeric_id(value: Any, field: str) -> int:
+    number = int(value)
+    if not 0 <= number <= _MAX_ID:
+        raise bad_request(f"{field} {value} is out of range (0..{_MAX_ID})")
+    return number
+
+
 def resolve_uid(owner: Any) -> int:
     if isinstance(owner, int) or (isinstance(owner, str) and owner.isdigit()):
-        return int(owner)
+        return _numeric_id(owner, "owner")
     try:
         return pwd.getpwnam(str(owner)).pw_uid
     except KeyError:
@@ -107,7 +118,7 @@ def resolve_uid(owner: Any) -> int:
 
 def resolve_gid(group: Any) -> int:
     if isinstance(group, int) or (isinstance(group, str) and group.isdigit()):
-        return int(group)
+        return _numeric_id(group, "group")
     try:
         return grp.getgrnam(str(group)).gr_gid
     except KeyError:
