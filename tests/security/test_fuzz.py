@@ -80,7 +80,10 @@ def fuzz(schema_file: Path, send: Any, examples: int = EXAMPLES) -> int:
         op = result.ok()
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             @given(case=op.as_strategy(generation_mode=mode))
+            # Fixed examples in make test (a red CI names a real regression, not a new draw);
+            # SANDLOT_FUZZ_RANDOM=1 explores fresh ones.
             @settings(max_examples=examples, deadline=None, database=None,
+                      derandomize=os.environ.get("SANDLOT_FUZZ_RANDOM") != "1",
                       suppress_health_check=list(HealthCheck),
                       phases=[Phase.explicit, Phase.generate])  # no shrinking: bounded
             def run(case: Any) -> None:
