@@ -296,3 +296,22 @@ def fresh_server(
         yield server
     finally:
         server.destroy()
+
+
+# A raw create body and a state wait shared by the raw-HTTP compat tests.
+RAW_CREATE_BODY = {
+    "image": {"uri": COMPAT_IMAGE},
+    "entrypoint": ["tail", "-f", "/dev/null"],
+    "resourceLimits": {"cpu": "500m", "memory": "256Mi"},
+    "timeout": 600,
+}
+
+
+def wait_state(c: httpx.Client, sid: str, state: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = c.get(f"/v1/sandboxes/{sid}")
+        if r.status_code == 200 and r.json()["status"]["state"] == state:
+            return r.json()  # type: ignore[no-any-return]
+        time.sleep(0.1)
+    raise AssertionError(f"{sid} never reached {state}: {r.status_code} {r.text}")

@@ -20,7 +20,13 @@ from opensandbox import Sandbox
 from opensandbox.config import ConnectionConfig
 
 from sandlot.runtime.docker.container import container_name
-from tests.compat.conftest import BUNDLE_CACHE, COMPAT_IMAGE, SandlotServer
+from tests.compat.conftest import (
+    BUNDLE_CACHE,
+    COMPAT_IMAGE,
+    RAW_CREATE_BODY,
+    SandlotServer,
+    wait_state,
+)
 from tests.conftest import free_port
 from tests.docker_engine import PrivateDockerd
 
@@ -28,22 +34,7 @@ pytestmark = pytest.mark.backends("docker")
 
 UPSTREAM_EXAMPLE = (Path(__file__).parents[1] / "runtime" / "docker" / "fixtures"
                     / "upstream-example-docker.toml")
-BODY = {
-    "image": {"uri": COMPAT_IMAGE},
-    "entrypoint": ["tail", "-f", "/dev/null"],
-    "resourceLimits": {"cpu": "500m", "memory": "256Mi"},
-    "timeout": 600,
-}
-
-
-def wait_state(c: httpx.Client, sid: str, state: str, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = c.get(f"/v1/sandboxes/{sid}")
-        if r.status_code == 200 and r.json()["status"]["state"] == state:
-            return r.json()  # type: ignore[no-any-return]
-        time.sleep(0.1)
-    raise AssertionError(f"{sid} never reached {state}: {r.status_code} {r.text}")
+BODY = RAW_CREATE_BODY
 
 
 def _remove_container(server: SandlotServer, sid: str) -> None:

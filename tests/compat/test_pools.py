@@ -11,8 +11,7 @@ from typing import Any
 import httpx
 from opensandbox import Sandbox
 
-from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
-from tests.compat.test_restart import wait_state
+from tests.compat.conftest import COMPAT_IMAGE, SandlotServer, wait_state
 
 LIMITS = {"cpu": "500m", "memory": "256Mi"}
 POOL = {

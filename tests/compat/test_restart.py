@@ -13,26 +13,17 @@ from opensandbox.config import ConnectionConfig
 
 from sandlot.images.store import ImageStore
 from sandlot.runtime.base import ImageRef, SandboxSpec
-from tests.compat.conftest import COMPAT_IMAGE, SandlotServer, _in_thread
+from tests.compat.conftest import (
+    COMPAT_IMAGE,
+    RAW_CREATE_BODY,
+    SandlotServer,
+    _in_thread,
+    wait_state,
+)
 
 pytestmark = pytest.mark.backends("oci", "docker")
 
-BODY = {
-    "image": {"uri": COMPAT_IMAGE},
-    "entrypoint": ["tail", "-f", "/dev/null"],
-    "resourceLimits": {"cpu": "500m", "memory": "256Mi"},
-    "timeout": 600,
-}
-
-
-def wait_state(c: httpx.Client, sid: str, state: str, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = c.get(f"/v1/sandboxes/{sid}")
-        if r.status_code == 200 and r.json()["status"]["state"] == state:
-            return r.json()  # type: ignore[no-any-return]
-        time.sleep(0.1)
-    raise AssertionError(f"{sid} never reached {state}: {r.status_code} {r.text}")
+BODY = RAW_CREATE_BODY
 
 
 async def _runtime_op(server: SandlotServer, op: str, sid: str, image_store: ImageStore) -> None:

@@ -12,9 +12,8 @@ from opensandbox import Sandbox, SandboxManager
 from opensandbox.exceptions import SandboxException
 from opensandbox.models.templates import CreateTemplateRequest, TemplateFilter
 
-from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
+from tests.compat.conftest import COMPAT_IMAGE, SandlotServer, wait_state
 from tests.compat.test_pools import claimed, run_text, wait_available
-from tests.compat.test_restart import wait_state
 
 SETUP = ("mkdir -p /opt/tool && echo 'print(42)' > /opt/tool/run.py && "
          "echo built-by-template && echo $FLAVOUR > /opt/tool/flavour")
