@@ -80,11 +80,12 @@ async def test_tenants_see_and_touch_only_their_own(tenant_harness: Harness) -> 
     async with h.client(KEY_A) as a, h.client(KEY_B) as b, h.client(API_KEY) as admin:
         sa = (await create(a))["id"]
         sb = (await create(b))["id"]
-        for c, sid in ((a, sa), (b, sb)):
+        s0 = (await create(admin))["id"]  # the default tenant's: the admin's only
+        for c, sid in ((a, sa), (b, sb), (admin, s0)):
             await h.wait_state(c, sid, "Running")
         unknown_id = str(uuid.uuid4())
         for method, suffix, body in SANDBOX_ROUTES:
-            for c, theirs in ((b, sa), (a, sb)):
+            for c, theirs in ((b, sa), (a, sb), (a, s0)):
                 r = await c.request(method, f"/v1/sandboxes/{theirs}{suffix}", json=body)
                 u = await c.request(method, f"/v1/sandboxes/{unknown_id}{suffix}", json=body)
                 same_as_unknown(r, u, theirs, unknown_id)
@@ -93,7 +94,7 @@ async def test_tenants_see_and_touch_only_their_own(tenant_harness: Harness) -> 
             ids = [i["id"] for i in (await c.get("/v1/sandboxes")).json()["items"]]
             assert ids == [mine]
         listed = (await admin.get("/v1/sandboxes", params={"pageSize": 200})).json()
-        assert {sa, sb} <= {i["id"] for i in listed["items"]}
+        assert {sa, sb, s0} <= {i["id"] for i in listed["items"]}
         # Both still Running, untouched by the other's attempts; each may act on its own.
         for c, sid in ((a, sa), (b, sb)):
             assert (await c.get(f"/v1/sandboxes/{sid}")).json()["status"]["state"] == "Running"
@@ -110,7 +111,7 @@ async def test_tenants_see_and_touch_only_their_own(tenant_harness: Harness) -> 
             owners = {r.id: r.owner for r in await store.load_all()}
         finally:
             await store.close()
-        assert owners[sa] == "team-a" and owners[sb] == "team-b"
+        assert (owners[sa], owners[sb], owners[s0]) == ("team-a", "team-b", None)
         # Deleting one's own works; the other tenant's is still there.
         assert (await a.delete(f"/v1/sandboxes/{sa}")).status_code == 204
         assert (await b.get(f"/v1/sandboxes/{sb}")).status_code == 200
