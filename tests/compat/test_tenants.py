@@ -216,3 +216,61 @@ def test_a_key_rotates_without_a_restart(tenant_server: SandlotServer) -> None:
         assert s.proc is not None and s.proc.pid == pid and s.proc.poll() is None  # no restart
     finally:
         write_tenants(path, tenants_toml())
+
+
+def test_templates_are_their_tenants_and_pools_are_shared(tenant_server: SandlotServer) -> None:
+    s = tenant_server
+    with http(s, KEY_A) as a, http(s, KEY_B) as b, s.client() as admin:
+        def build(limits: dict[str, str]) -> tuple[str, dict]:
+            r = a.post("/v1/templates", json={"image": COMPAT_IMAGE, "resourceLimits": limits,
+                                              "entrypoint": ["sh", "-c", "echo a > /opt/m"]})
+            assert r.status_code == 201, r.text
+            tid = r.json()["templateId"]
+            deadline = time.monotonic() + 240
+            while (got := a.get(f"/v1/templates/{tid}").json())["status"]["phase"] not in (
+                    "Succeeded", "Failed"):
+                assert time.monotonic() < deadline, got
+                time.sleep(0.3)
+            return tid, got
+
+        # The build sandbox is team-a's: held to its quota (1Gi in all).
+        over, got = build({"cpu": "250m", "memory": "2Gi"})
+        assert got["status"]["phase"] == "Failed"
+        assert "memory quota" in got["status"]["message"], got
+        assert a.delete(f"/v1/templates/{over}").status_code == 204
+        tid, got = build({"cpu": "250m", "memory": "256Mi"})
+        assert got["status"]["phase"] == "Succeeded", got
+        # Tenant b: no such template, whichever way it asks.
+        assert [t["templateId"] for t in b.get("/v1/templates").json()["items"]] == []
+        for method, path in (("GET", f"/v1/templates/{tid}"),
+                             ("GET", f"/v1/templates/{tid}/logs"),
+                             ("DELETE", f"/v1/templates/{tid}")):
+            assert_unknown(b.request(method, path), tid, b, path)
+        r = b.post("/v1/sandboxes", json={"templateId": tid, "timeout": 600,
+                                          "entrypoint": ["tail", "-f", "/dev/null"]})
+        assert r.status_code == 404 and r.json()["code"] == "TEMPLATE_NOT_FOUND", r.text
+        # Its snapshot is team-a's too (not listed to b, listed to a).
+        assert b.get("/v1/snapshots").json()["items"] == []
+        assert len(a.get("/v1/snapshots").json()["items"]) == 1
+
+        # Pools: the admin's to manage, every tenant's to claim from; a claim is the claimer's.
+        pool = {"name": "shared", "capacitySpec": {"bufferMax": 1, "bufferMin": 0,
+                                                   "poolMax": 4, "poolMin": 0},
+                "template": {"spec": {"containers": [{"image": COMPAT_IMAGE}]}}}
+        r = b.post("/v1/pools", json=pool)
+        assert r.status_code == 403 and r.json()["code"] == "ADMIN_ONLY"
+        assert admin.post("/v1/pools", json=pool).status_code == 201
+        try:
+            assert [p["name"] for p in b.get("/v1/pools").json()["items"]] == ["shared"]
+            assert b.delete("/v1/pools/shared").status_code == 403
+            r = b.post("/v1/sandboxes", json={"extensions": {"poolRef": "shared"},
+                                              "entrypoint": ["tail", "-f", "/dev/null"],
+                                              "timeout": 600})
+            assert r.status_code == 202, r.text
+            pooled = r.json()["id"]
+            assert b.get(f"/v1/sandboxes/{pooled}").status_code == 200
+            assert a.get(f"/v1/sandboxes/{pooled}").status_code == 404
+            assert b.delete(f"/v1/sandboxes/{pooled}").status_code == 204
+        finally:
+            admin.delete("/v1/pools/shared")
+        assert a.delete(f"/v1/templates/{tid}").status_code == 204
