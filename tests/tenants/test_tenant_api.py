@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import InvalidStatus
 
 from sandlot.server.store import SandboxStore
 from tests.server.conftest import API_KEY, Harness
@@ -166,3 +168,23 @@ async def test_keys_rotate_without_a_restart(tenant_harness: Harness) -> None:
         assert (await a2.get(f"/v1/sandboxes/{sid}")).status_code == 200
         write_tenants(path, "[[tenants]]\nthis is not toml")  # a broken edit keeps the last
         assert (await a2.get(f"/v1/sandboxes/{sid}")).status_code == 200
+
+
+async def test_websocket_proxy_refuses_another_tenants_sandbox(tenant_harness: Harness) -> None:
+    h = tenant_harness
+    base = f"ws://127.0.0.1:{h.cfg.server.port}/v1/sandboxes"
+    async with h.client(KEY_A) as a:
+        sa = (await create(a))["id"]
+        await h.wait_state(a, sa, "Running")
+    async with ws_connect(f"{base}/{sa}/proxy/44772/ws",
+                          additional_headers={"OPEN-SANDBOX-API-KEY": KEY_A}) as ws:
+        await ws.send("hi")
+        assert await ws.recv() == "echo:hi"
+    refusals = []
+    for sid in (sa, str(uuid.uuid4())):  # tenant b: a's sandbox, and an unknown one
+        with pytest.raises(InvalidStatus) as refused:
+            async with ws_connect(f"{base}/{sid}/proxy/44772/ws",
+                                  additional_headers={"OPEN-SANDBOX-API-KEY": KEY_B}):
+                pass
+        refusals.append(refused.value.response.status_code)
+    assert refusals[0] == refusals[1] == 403  # the handshake refused alike, nothing relayed
