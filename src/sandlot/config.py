@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from sandlot.config_audit import audit
 
@@ -207,6 +207,14 @@ class Config(_Section):
     data_dir: Path = DEFAULT_DATA_DIR
     _warnings: list[str] = PrivateAttr(default_factory=list)
     _refusals: list[str] = PrivateAttr(default_factory=list)
+
+    @field_validator("tenants", mode="before")
+    @classmethod
+    def _tenants_elsewhere(cls, value: object) -> object:
+        if isinstance(value, list):  # [[tenants]] entries belong in the tenants file
+            raise ValueError("[[tenants]] entries go in the tenants file (tenants.toml, "
+                             'docs/tenants.md); here only [tenants] file = "PATH"')
+        return value
 
     @model_validator(mode="after")
     def _docker_host_ip(self) -> Config:

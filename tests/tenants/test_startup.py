@@ -51,3 +51,8 @@ def test_the_file_is_found_as_on_the_reference(tmp_path: Path,
     monkeypatch.setenv(PATH_ENV, str(tmp_path / "env.toml"))
     assert tenants_path(None) == tmp_path / "env.toml"
     assert tenants_path("/etc/t.toml") == Path("/etc/t.toml")  # [tenants] file wins
+
+
+def test_tenant_entries_in_the_server_config_are_pointed_to_the_tenants_file() -> None:
+    with pytest.raises(ValueError, match="go in the tenants file"):
+        Config.model_validate({"tenants": [{"name": "a", "api_keys": ["k"]}]})
