@@ -10,6 +10,7 @@ restart (and SIGHUP re-reads it at once).
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 import uuid
@@ -27,6 +28,8 @@ from opensandbox.models.sandboxes import SandboxFilter
 
 from tests.compat.conftest import COMPAT_IMAGE, RAW_CREATE_BODY, SandlotServer, needs_backend
 from tests.tenants.tenants_setup import KEY_A, KEY_A2, KEY_B, tenants_toml, write_tenants
+
+KEY_A3 = "team-a-sighup--key-0123456789"  # as long as KEY_A2: an in-place edit keeps the size
 
 
 @pytest.fixture(scope="module")
@@ -205,13 +208,19 @@ def test_a_key_rotates_without_a_restart(tenant_server: SandlotServer) -> None:
             r = a.get("/v1/sandboxes")
             assert r.status_code == 401 and r.json()["code"] == "INVALID_API_KEY"
             assert a2.get("/v1/sandboxes").status_code == 200
-            # SIGHUP re-reads the file at once, also an edit in place.
-            path.write_text(tenants_toml([KEY_A]))
-            s.proc.send_signal(signal.SIGHUP)
-            deadline = time.monotonic() + 30
-            while a.get("/v1/sandboxes").status_code != 200:
-                assert time.monotonic() < deadline, "SIGHUP did not reload the tenants file"
-                time.sleep(0.1)
+            # SIGHUP re-reads the file at once, also an edit in place that kept its size
+            # and modification time (which the per-request check cannot see).
+            before = path.stat()
+            path.write_text(tenants_toml([KEY_A3]))
+            os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+            assert path.stat().st_size == before.st_size
+            with http(s, KEY_A3) as a3:
+                assert a3.get("/v1/sandboxes").status_code == 401  # not noticed yet
+                s.proc.send_signal(signal.SIGHUP)
+                deadline = time.monotonic() + 30
+                while a3.get("/v1/sandboxes").status_code != 200:
+                    assert time.monotonic() < deadline, "SIGHUP did not reload the file"
+                    time.sleep(0.1)
             assert a2.get("/v1/sandboxes").status_code == 401
         assert s.proc is not None and s.proc.pid == pid and s.proc.poll() is None  # no restart
     finally:
