@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from sandlot.config_audit import audit
 
@@ -124,6 +124,13 @@ class StoreConfig(_Section):
     url: str | None = None
 
 
+class TenantsConfig(_Section):
+    """``[tenants]``: where the tenants file is (docs/tenants.md). Unset: the reference's
+    ``SANDBOX_TENANTS_CONFIG_PATH``, else ``~/.opensandbox/tenants.toml`` when it exists."""
+
+    file: str | None = None
+
+
 class ImagesConfig(_Section):
     # Registries reached over plain HTTP (e.g. a test registry on loopback).
     insecure_registries: list[str] = Field(default_factory=list)
@@ -196,9 +203,18 @@ class Config(_Section):
     egress: EgressConfig = Field(default_factory=EgressConfig)
     docker: DockerConfig = Field(default_factory=DockerConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
+    tenants: TenantsConfig = Field(default_factory=TenantsConfig)
     data_dir: Path = DEFAULT_DATA_DIR
     _warnings: list[str] = PrivateAttr(default_factory=list)
     _refusals: list[str] = PrivateAttr(default_factory=list)
+
+    @field_validator("tenants", mode="before")
+    @classmethod
+    def _tenants_elsewhere(cls, value: object) -> object:
+        if isinstance(value, list):  # [[tenants]] entries belong in the tenants file
+            raise ValueError("[[tenants]] entries go in the tenants file (tenants.toml, "
+                             'docs/tenants.md); here only [tenants] file = "PATH"')
+        return value
 
     @model_validator(mode="after")
     def _docker_host_ip(self) -> Config:
@@ -282,6 +298,9 @@ warm_pool_images = ["base"]
 [storage]
 # Host directories that `host` volumes may bind (nothing else; empty = no host volumes).
 allowed_host_paths = []
+
+# [tenants]
+# file = "/etc/sandlot/tenants.toml"   # per-tenant API keys and quotas (docs/tenants.md)
 
 [store]
 # url = "postgresql+asyncpg://user:pass@127.0.0.1/sandlot"   # default: SQLite in data_dir

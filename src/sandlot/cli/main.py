@@ -87,6 +87,23 @@ def init_config(file: Path, force: bool) -> None:
     click.echo(f"wrote {file}")
 
 
+@main.command("hash-key")
+@click.option("--new", is_flag=True, help="Make a fresh random key and print it too.")
+def hash_key(new: bool) -> None:
+    """Print the sha256: form of an API key (read from stdin) for a tenants file."""
+    from sandlot.server.tenancy.keys import hashed
+
+    if new:
+        key = secrets.token_urlsafe(32)
+        click.echo(f"key:  {key}")
+        click.echo(f"hash: {hashed(key)}")
+        return
+    key = sys.stdin.readline().strip()
+    if not key:
+        raise click.ClickException("no key on stdin")
+    click.echo(hashed(key))
+
+
 @main.command(
     "execd",
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},

@@ -32,6 +32,9 @@ from sandlot.server.store.pools import PoolStore
 from sandlot.server.store.snapshots import SnapshotStore
 from sandlot.server.store.templates import TemplateStore
 from sandlot.server.templates import TemplateService
+from sandlot.server.tenancy.authn import Authenticator
+from sandlot.server.tenancy.principal import SYSTEM, acting_as
+from sandlot.server.tenancy.setup import authenticators_for
 from sandlot.server.tokens import ExecdTokens, load_or_create_secret
 
 
@@ -57,9 +60,10 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
         app.state.templates = templates
 
         def pool_snapshot(kind: str, ref: str) -> str:
-            if kind == "template":
-                return templates.snapshot_for(ref)[0]
-            return snapshots.ready(ref).id
+            with acting_as(SYSTEM):  # a pool is shared: its source is not a tenant's lookup
+                if kind == "template":
+                    return templates.snapshot_for(ref)[0]
+                return snapshots.ready(ref).id
 
         pools.snapshot_of = pool_snapshot
         app.state.service = service
@@ -97,9 +101,11 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
         app.include_router(diagnostics.router, prefix=prefix)
         app.include_router(proxy.router, prefix=prefix)
         app.include_router(sdk_metrics.router, prefix=prefix)
-    if not cfg.server.api_key and not cfg.server.insecure_no_auth:
-        raise ValueError("an API key is required unless server.insecure_no_auth is set")
+    # Who a request acts for: [server] api_key (the admin) and the tenants file's keys; more
+    # authenticators (e.g. a console session) may be appended to app.state.authenticators.
+    authenticators: list[Authenticator] = authenticators_for(cfg)
+    app.state.authenticators = authenticators
     # Added after the key check, so it runs inside it: only authenticated bodies are read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=cfg.server.max_request_body_bytes)
-    app.add_middleware(ApiKeyMiddleware, api_key=cfg.server.api_key or None)
+    app.add_middleware(ApiKeyMiddleware, authenticators=authenticators)
     return app

@@ -17,6 +17,8 @@ from sandlot.errors import SandlotError
 from sandlot.runtime.base import Runtime
 from sandlot.runtime.registry import runtime_class
 from sandlot.server.quantity import parse_ephemeral_storage
+from sandlot.server.tenancy.directory import TenantsFileError
+from sandlot.server.tenancy.setup import reload_tenants, tenant_directory
 
 log = logging.getLogger("sandlot.server")
 
@@ -63,7 +65,14 @@ def check_config(cfg: Config) -> None:
             'host\'s namespace cannot have; use "isolated" (outbound access under the egress '
             'policy, the default) or "none" (loopback only)'
         )
-    if not cfg.server.api_key:
+    try:
+        tenants = tenant_directory(cfg)
+    except TenantsFileError as exc:
+        raise StartupRefused(str(exc)) from exc
+    if tenants is not None and cfg.server.insecure_no_auth:
+        raise StartupRefused("a tenants file cannot be combined with --insecure-no-auth: "
+                             "requests without a key would act as the administrator")
+    if not cfg.server.api_key and tenants is None:
         if not cfg.server.insecure_no_auth:
             raise StartupRefused(
                 "no API key configured: set [server] api_key in the config file or "
@@ -120,6 +129,8 @@ async def _serve(cfg: Config) -> int:
         # containers), so the re-raised signal is made a no-op here.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _after_shutdown)
+        asyncio.get_running_loop().add_signal_handler(
+            signal.SIGHUP, reload_tenants, app.state.authenticators)
         await server.serve()
         return 0 if server.started else 1
     finally:

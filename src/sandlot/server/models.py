@@ -46,6 +46,7 @@ class SandboxRecord:
     extensions: dict[str, str] = field(default_factory=dict)
     platform: dict[str, str] | None = None
     network_policy: dict | None = None
+    owner: str | None = None  # the tenant's name; None: the default tenant (the admin's)
 
     def transition(
         self, state: SandboxState, reason: str | None = None, message: str | None = None

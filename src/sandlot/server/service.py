@@ -54,6 +54,8 @@ from sandlot.server.pools import POOL_REF, PoolService
 from sandlot.server.quantity import parse_ephemeral_storage
 from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store import SandboxStore
+from sandlot.server.tenancy import principal as tenancy
+from sandlot.server.tenancy.quotas import check_quota
 from sandlot.server.tokens import ExecdTokens
 from sandlot.server.volume_checks import check_volumes
 
@@ -176,7 +178,8 @@ class SandboxService:
 
     def get(self, sandbox_id: str) -> SandboxRecord:
         rec = self._records.get(sandbox_id)
-        if rec is None or rec.state == SandboxState.TERMINATED:
+        # Another tenant's sandbox is answered exactly as an unknown one: existence must not leak.
+        if rec is None or rec.state == SandboxState.TERMINATED or not tenancy.visible(rec.owner):
             raise _not_found(sandbox_id)
         return rec
 
@@ -205,6 +208,7 @@ class SandboxService:
             rec
             for rec in self._records.values()
             if rec.state != SandboxState.TERMINATED
+            and tenancy.visible(rec.owner)
             and (wanted is None or rec.state.value.lower() in wanted)
             and all(rec.metadata.get(k) == v for k, v in (metadata or {}).items())
         ]
@@ -224,6 +228,7 @@ class SandboxService:
         limits = dict(req.resource_limits)
         pool_name = req.extensions.get(POOL_REF) or None
         pool_image = None
+        pool_sourced = False  # the pool starts from a snapshot or template of its own
         if pool_name is not None:
             if self.pools is None:
                 raise Unsupported("pools are not supported by this server")
@@ -235,6 +240,7 @@ class SandboxService:
                     raise InvalidRequest(f"pool {pool_name} starts from {pool_image}: give "
                                          "no image, snapshotId or templateId with it")
                 ref = pool_image.partition(":")[2]
+                pool_sourced = True
                 if pool_source == "snapshot":
                     req = req.model_copy(update={"snapshot_id": ref})
                 else:
@@ -244,29 +250,18 @@ class SandboxService:
                 raise InvalidRequest(f"image {req.image.uri} differs from pool {pool_name}'s "
                                      f"image {pool_image}: leave image out or give the same")
             limits.update(pool.resource_limits)  # the pool's shape, whatever the request says
-        snapshot_id = req.snapshot_id
-        env = dict(req.env)
-        if req.template_id is not None:
-            if self.templates is None:
-                raise Unsupported("templates are not supported by this server")
-            snapshot_id, template = self.templates.snapshot_for(req.template_id)
-            limits = {**template["resourceLimits"], **limits}
-            env = {**template["env"], **env}
-            image_uri = self.snapshots.ready(snapshot_id).image_uri if self.snapshots else ""
-        elif snapshot_id is not None:
-            if self.snapshots is None:
-                raise Unsupported("snapshots are not supported by this server")
-            image_uri = self.snapshots.ready(snapshot_id).image_uri
-        elif pool_image is not None:
-            image_uri = pool_image
-        else:
-            assert req.image is not None
-            image_uri = req.image.uri
+        # A pool's own snapshot or template is the administrator's choice, open to every
+        # tenant claiming from the pool; one a request names is looked up as its tenant.
+        with tenancy.acting_as(tenancy.SYSTEM) if pool_sourced else contextlib.nullcontext():
+            snapshot_id, image_uri, limits, env = self._source(req, pool_image, limits)
         resources = self.bounds.resources(limits)
         limits = {**self.bounds.defaults, **limits}  # what the sandbox gets
         disk = self._disk_bytes(limits)
         volumes = spec_parts.volume_specs(req.volumes)
         await self.runtime.check_volumes(volumes)
+        # Checked with no await before the record is added: concurrent creates of one tenant
+        # cannot both pass on the same room.
+        check_quota(tenancy.current(), self._records.values(), resources.cpu, resources.memory)
         now = utcnow()
         rec = SandboxRecord(
             id=str(uuid.uuid4()),
@@ -285,6 +280,7 @@ class SandboxService:
             extensions=dict(req.extensions),
             platform=req.platform.model_dump() if req.platform else None,
             network_policy=req.network_policy,
+            owner=tenancy.owner_of_new(),
         )
         auth = (
             RegistryAuth(req.image.auth.username, req.image.auth.password)
@@ -328,6 +324,29 @@ class SandboxService:
                 await self._forget(rec)
                 raise error
         return rec
+
+    def _source(self, req: CreateSandboxRequest, pool_image: str | None,
+                limits: dict[str, str]) -> tuple[str | None, str, dict[str, str], dict[str, str]]:
+        """What a sandbox starts from: (snapshot id, image, limits, env)."""
+        snapshot_id = req.snapshot_id
+        env = dict(req.env)
+        if req.template_id is not None:
+            if self.templates is None:
+                raise Unsupported("templates are not supported by this server")
+            snapshot_id, template = self.templates.snapshot_for(req.template_id)
+            limits = {**template["resourceLimits"], **limits}
+            env = {**template["env"], **env}
+            image_uri = self.snapshots.ready(snapshot_id).image_uri if self.snapshots else ""
+        elif snapshot_id is not None:
+            if self.snapshots is None:
+                raise Unsupported("snapshots are not supported by this server")
+            image_uri = self.snapshots.ready(snapshot_id).image_uri
+        elif pool_image is not None:
+            image_uri = pool_image
+        else:
+            assert req.image is not None
+            image_uri = req.image.uri
+        return snapshot_id, image_uri, limits, env
 
     def _disk_bytes(self, limits: dict[str, str]) -> int | None:
         """The writable layer's cap: the request's ``ephemeral-storage`` or the default."""
@@ -560,7 +579,8 @@ class SandboxService:
             self.expiry.schedule(sandbox_id, rec.expires_at)
             return
         try:
-            await self.delete(sandbox_id, reason="ttl_expiry")
+            with tenancy.acting_as(tenancy.SYSTEM):  # whoever's request armed the timer
+                await self.delete(sandbox_id, reason="ttl_expiry")
         except (NotFound, Conflict):
             pass
         except Exception:

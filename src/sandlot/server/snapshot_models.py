@@ -28,6 +28,7 @@ class SnapshotRecord:
     last_transition_at: datetime
     reason: str | None = None
     message: str | None = None
+    owner: str | None = None  # the source sandbox's tenant (None: the default tenant)
 
     def transition(self, state: SnapshotState, reason: str, message: str) -> None:
         if state != self.state:

@@ -18,6 +18,7 @@ from sandlot.runtime.base import Runtime
 from sandlot.server.models import SandboxState, utcnow
 from sandlot.server.snapshot_models import SnapshotRecord, SnapshotState
 from sandlot.server.store.snapshots import SnapshotStore
+from sandlot.server.tenancy.principal import visible
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class SnapshotService:
     def get(self, snapshot_id: str) -> SnapshotRecord:
         self.require_support()
         rec = self._records.get(snapshot_id)
-        if rec is None:
+        if rec is None or not visible(rec.owner):  # another tenant's: as if unknown
             raise _not_found(snapshot_id)
         return rec
 
@@ -86,7 +87,8 @@ class SnapshotService:
         self.require_support()
         wanted = {s.lower() for s in states} if states else None
         items = [r for r in self._records.values()
-                 if (sandbox_id is None or r.sandbox_id == sandbox_id)
+                 if visible(r.owner)
+                 and (sandbox_id is None or r.sandbox_id == sandbox_id)
                  and (name is None or r.name == name)
                  and (wanted is None or r.state.value.lower() in wanted)]
         items.sort(key=lambda r: (r.created_at, r.id))
@@ -96,8 +98,10 @@ class SnapshotService:
     # ----- create / delete -------------------------------------------------------------
 
     async def create(self, sandbox_id: str, state: SandboxState, image_uri: str,
-                     entrypoint: list[str], name: str | None) -> SnapshotRecord:
-        """Accept a snapshot of a sandbox the caller found in ``state``; captured after."""
+                     entrypoint: list[str], name: str | None,
+                     owner: str | None = None) -> SnapshotRecord:
+        """Accept a snapshot of a sandbox the caller found in ``state``; captured after.
+        ``owner``: the sandbox's tenant, who owns the snapshot whoever asked for it."""
         self.require_support()
         if state != SandboxState.RUNNING:
             raise Conflict(f"sandbox {sandbox_id} is {state.value}; only a Running sandbox "
@@ -107,7 +111,7 @@ class SnapshotService:
             id=str(uuid.uuid4()), sandbox_id=sandbox_id, name=name,
             state=SnapshotState.CREATING, reason="snapshot_accepted",
             message="snapshot creation accepted", image_uri=image_uri,
-            entrypoint=list(entrypoint), created_at=now, last_transition_at=now,
+            entrypoint=list(entrypoint), created_at=now, last_transition_at=now, owner=owner,
         )
         self._records[rec.id] = rec
         await self.store.save(rec)

@@ -31,12 +31,13 @@ from sandlot.server.service import SandboxService
 from sandlot.server.snapshot_models import SnapshotState
 from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store.templates import TemplateStore
+from sandlot.server.tenancy.principal import owner_of_new, visible
 
 log = logging.getLogger(__name__)
 SNAPSHOT_SOURCE = "snapshot:"
 BUILD_TIMEOUT = 1800.0  # seconds a set-up command may run
 LOG_LIMIT = 256 * 1024  # bytes of build output kept
-_PRIVATE = ("buildLog", "snapshotId")  # kept in the record, not in the API's answer
+_PRIVATE = ("buildLog", "snapshotId", "owner")  # kept in the record, not in the API's answer
 
 
 def _not_found(template_id: str) -> NotFound:
@@ -68,7 +69,7 @@ class TemplateService:
     def get(self, template_id: str) -> dict[str, Any]:
         self.snapshots.require_support()
         rec = self._records.get(template_id)
-        if rec is None:
+        if rec is None or not visible(rec.get("owner")):  # another tenant's: as if unknown
             raise _not_found(template_id)
         return rec
 
@@ -79,7 +80,8 @@ class TemplateService:
     def search(self, metadata: dict[str, str] | None) -> list[dict[str, Any]]:
         self.snapshots.require_support()
         items = [r for r in self._records.values()
-                 if all(r.get("metadata", {}).get(k) == v for k, v in (metadata or {}).items())]
+                 if visible(r.get("owner"))
+                 and all(r.get("metadata", {}).get(k) == v for k, v in (metadata or {}).items())]
         return sorted(items, key=lambda r: (r["createdAt"], r["templateId"]))
 
     def snapshot_for(self, template_id: str) -> tuple[str, dict[str, Any]]:
@@ -110,6 +112,7 @@ class TemplateService:
             "entrypoint": list(body.get("entrypoint") or []),
             "env": dict(body.get("env") or {}), "metadata": dict(body.get("metadata") or {}),
             "readiness": dict(readiness), "buildLog": "", "snapshotId": None,
+            "owner": owner_of_new(),  # the build sandbox and the snapshot are its too
         }
         self._records[rec["templateId"]] = rec
         await self.store.save(rec["templateId"], rec)
@@ -152,7 +155,8 @@ class TemplateService:
                         await asyncio.sleep(int(rec["readiness"]["warmupSeconds"]))
                     await self._run(rec, sandbox_id, what, cmd)
             snap = await self.snapshots.create(sandbox_id, SandboxState.RUNNING,
-                                               rec["image"], [], f"template-{rec['templateId']}")
+                                               rec["image"], [], f"template-{rec['templateId']}",
+                                               owner=rec.get("owner"))
             while snap.state == SnapshotState.CREATING:
                 await asyncio.sleep(0.1)
             if snap.state != SnapshotState.READY:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandlot.server.api.schemas import rfc3339
 from sandlot.server.pool_models import PoolRecord
 from sandlot.server.pools import PoolService
+from sandlot.server.tenancy.principal import require_admin
 
 router = APIRouter()
 
@@ -38,6 +39,7 @@ def pool_json(svc: PoolService, rec: PoolRecord) -> dict[str, Any]:
 
 @router.post("/pools", status_code=201)
 async def create_pool(request: Request, body: CreatePoolRequest) -> JSONResponse:
+    require_admin("creating a pool")
     svc = _pools(request)
     rec = await svc.create(body.name, body.template, body.capacity_spec)
     return JSONResponse(pool_json(svc, rec), status_code=201)
@@ -57,11 +59,13 @@ async def get_pool(request: Request, name: str) -> dict[str, Any]:
 
 @router.put("/pools/{name}")
 async def update_pool(request: Request, name: str, body: UpdatePoolRequest) -> dict[str, Any]:
+    require_admin("resizing a pool")
     svc = _pools(request)
     return pool_json(svc, await svc.update(name, body.capacity_spec))
 
 
 @router.delete("/pools/{name}", status_code=204)
 async def delete_pool(request: Request, name: str) -> Response:
+    require_admin("deleting a pool")
     await _pools(request).delete(name)
     return Response(status_code=204)

@@ -46,7 +46,8 @@ async def create_snapshot(
     _snapshots(request).require_support()  # 501 before 404: the route itself is unsupported
     sandbox = request.app.state.service.get(sandbox_id)
     rec = await _snapshots(request).create(sandbox_id, sandbox.state, sandbox.image_uri,
-                                           sandbox.entrypoint, body.name if body else None)
+                                           sandbox.entrypoint, body.name if body else None,
+                                           owner=sandbox.owner)
     return JSONResponse(snapshot_json(rec), status_code=202,
                         headers={"Location": f"/v1/snapshots/{rec.id}"})
 

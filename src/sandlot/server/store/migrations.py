@@ -33,12 +33,23 @@ def _v4_templates(conn: Connection) -> None:
     tables.templates.create(conn)
 
 
+def _v5_owners(conn: Connection) -> None:
+    """Tenants: who owns each sandbox and snapshot (NULL: the default tenant).
+
+    A database made from scratch has the column already (v1 and v2 create the tables as
+    ``tables`` defines them now); one made by an older sandlot gets it here."""
+    for table in (tables.sandboxes, tables.snapshots):
+        columns = {c["name"] for c in inspect(conn).get_columns(table.name)}
+        if "owner" not in columns:
+            conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN owner VARCHAR(128)"))
+
+
 # Key of the PostgreSQL advisory lock held while migrating (any fixed 64-bit number).
 _PG_MIGRATION_LOCK = 0x53414E444C4F54  # "SANDLOT"
 
 # Append only. Index + 1 is the version number.
 MIGRATIONS: list[Callable[[Connection], None]] = [
-    _v1_initial, _v2_snapshots, _v3_pools, _v4_templates,
+    _v1_initial, _v2_snapshots, _v3_pools, _v4_templates, _v5_owners,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -62,6 +62,7 @@ def _row_values(rec: SandboxRecord) -> dict[str, Any]:
         "updated_at": _ts(rec.updated_at),
         "last_transition_at": _ts(rec.last_transition_at),
         "expires_at": _ts(rec.expires_at),
+        "owner": rec.owner,
     }
 
 
@@ -84,6 +85,7 @@ def _record(row: Any) -> SandboxRecord:
         updated_at=_dt(m["updated_at"]),  # type: ignore[arg-type]
         last_transition_at=_dt(m["last_transition_at"]),  # type: ignore[arg-type]
         expires_at=_dt(m["expires_at"]),
+        owner=m["owner"],
     )
 
 

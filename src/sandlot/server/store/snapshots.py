@@ -27,6 +27,7 @@ def _record(row: Any) -> SnapshotRecord:
         state=SnapshotState(m["state"]), reason=m["reason"], message=m["message"],
         image_uri=m["image_uri"], entrypoint=list(m["entrypoint"]),
         created_at=_dt(m["created_at"]), last_transition_at=_dt(m["last_transition_at"]),
+        owner=m["owner"],
     )
 
 
@@ -47,6 +48,7 @@ class SnapshotStore:
             "reason": rec.reason, "message": (rec.message or "").replace("\x00", "\ufffd"),
             "image_uri": rec.image_uri, "entrypoint": rec.entrypoint,
             "created_at": _ts(rec.created_at), "last_transition_at": _ts(rec.last_transition_at),
+            "owner": rec.owner,
         }
         t = tables.snapshots
         async with self._engine.begin() as conn:

@@ -33,6 +33,7 @@ sandboxes = Table(
     Column("updated_at", Float, nullable=False),
     Column("last_transition_at", Float, nullable=False),
     Column("expires_at", Float),
+    Column("owner", String(128)),  # the tenant; NULL: the default tenant (v5)
 )
 
 endpoints = Table(
@@ -56,6 +57,7 @@ snapshots = Table(
     Column("entrypoint", JSON, nullable=False),  # the source sandbox's entrypoint
     Column("created_at", Float, nullable=False),
     Column("last_transition_at", Float, nullable=False),
+    Column("owner", String(128)),  # the tenant; NULL: the default tenant (v5)
 )
 
 pools = Table(
