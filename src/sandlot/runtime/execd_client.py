@@ -26,6 +26,7 @@ __all__ = ["CLAIM_PATH", "DEFAULT_PORT", "PING_PATH", "TOKEN_HEADER", "Connect",
 async def request(
     connect: Connect, method: str, path: str, *, token: str | None = None,
     body: bytes | None = None, timeout: float = 2.0, read_body: bool = True,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, bytes]:
     """One HTTP/1.1 request; returns the status and the body.
 
@@ -38,6 +39,7 @@ async def request(
         head.append(f"{TOKEN_HEADER}: {token}")
     if body is not None:
         head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    head += [f"{name}: {value}" for name, value in (headers or {}).items()]
     async with asyncio.timeout(timeout):
         sock = await connect()
         reader, writer = await asyncio.open_connection(sock=sock)
