@@ -35,8 +35,9 @@ EVENT_SCOPES = ("runtime", "all")
 CONTENT_TYPE = "text/plain; charset=utf-8"
 _EXECD_TIMEOUT = 3.0
 _MAX_EVENTS = 5000
-# States in which execd can answer (a paused sandbox's processes are frozen).
-_EXECD_STATES = (SandboxState.RUNNING, SandboxState.PENDING)
+# States in which execd can answer (a paused sandbox's processes are frozen; a Stopping one's
+# execd still runs while its last logs are copied).
+_EXECD_STATES = (SandboxState.RUNNING, SandboxState.PENDING, SandboxState.STOPPING)
 
 
 @dataclass
