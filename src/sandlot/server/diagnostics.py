@@ -221,8 +221,17 @@ class DiagnosticsService(LifecycleObserver):
 
     async def _container_logs(self, sandbox_id: str) -> Content:
         rec = await self._lookup(sandbox_id)
+        if rec is not None and rec.state == SandboxState.FAILED:
+            # Its container was removed when it failed: what was kept then, if anything.
+            await self.recorder.flush()
+            kept = await self.recorder.store.final_logs(sandbox_id)
+            if kept is not None:
+                return Content(kept.content, kept.truncated,
+                               [f"the sandbox has failed; logs as kept at "
+                                f"{_iso(kept.captured_at)}"])
         if rec is not None and rec.state != SandboxState.TERMINATED:
             return await self._live_logs(rec)
+        await self.recorder.flush()
         final = await self.recorder.store.final_logs(sandbox_id)
         if final is None:
             await self._require_known(sandbox_id)

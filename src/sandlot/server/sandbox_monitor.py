@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sandlot.runtime.base import ResourceUsage
+from sandlot.runtime.base import ContainerState, ResourceUsage
 from sandlot.server.event_recorder import WARNING, EventRecorder
 from sandlot.server.models import SandboxState
 
@@ -44,6 +44,7 @@ class SandboxMonitor:
         self._latest: dict[str, Sample] = {}
         self._oom_seen: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
+        self._reports: set[asyncio.Task[None]] = set()
 
     def latest(self, sandbox_id: str) -> Sample | None:
         """The last sample of a live sandbox (None before the first or after its end)."""
@@ -72,7 +73,23 @@ class SandboxMonitor:
                 f"The kernel killed {usage.oom_kills - seen} process(es) in the sandbox for "
                 f"exceeding its memory limit ({limit}; OOM kills so far: {usage.oom_kills})",
                 WARNING)
+            await self._check_alive(sandbox_id)
         return found
+
+    async def _check_alive(self, sandbox_id: str) -> None:
+        """After an OOM kill: did it take the whole container (e.g. gVisor's sentry, one host
+        process)? Backends that do not watch their containers report it only this way."""
+        try:
+            info = await self.service.runtime.inspect(sandbox_id)
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            return
+        if info.state in (ContainerState.STOPPED, ContainerState.MISSING):
+            if info.reason is None:
+                info.reason = "OOMKilled"
+            task = asyncio.get_running_loop().create_task(
+                self.service.container_changed(sandbox_id, info))
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
 
     def forget(self, sandbox_id: str) -> None:
         self._latest.pop(sandbox_id, None)
