@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandlot.server.models import SandboxState
 from sandlot.server.observers import LifecycleObserver
+from sandlot.server.route_template import route_template
 
 if TYPE_CHECKING:
     from sandlot.server.models import SandboxRecord
@@ -223,6 +224,4 @@ class RequestMetricsMiddleware:
 
 
 def _template(scope: Scope) -> str:
-    route = scope.get("route")
-    path = getattr(route, "path", None)
-    return str(path) if path else "unmatched"
+    return route_template(scope) or "unmatched"

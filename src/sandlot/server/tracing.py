@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandlot import __version__
 from sandlot.config import TracingConfig
+from sandlot.server.route_template import route_template
 
 
 class Tracing:
@@ -85,7 +86,7 @@ class TracingMiddleware:
             try:
                 await self.app(scope, receive, send_status)
             finally:
-                route = getattr(scope.get("route"), "path", None)
+                route = route_template(scope)
                 if route:
                     span.update_name(f"{scope['method']} {route}")
                     span.set_attribute("http.route", str(route))
