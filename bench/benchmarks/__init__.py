@@ -14,6 +14,7 @@ from bench.benchmarks import (
     gvisor,
     jupyter,
     network,
+    observability,
     proxy,
     state,
     volumes,
@@ -34,6 +35,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "docker": docker_backend.run,
     "volumes": volumes.run,
     "state": state.run,
+    "observability": observability.run,
     "gvisor": gvisor.run,
     "density": density.run,
 }
@@ -50,6 +52,7 @@ EXPECTED_KEYS: dict[str, tuple[str, ...]] = {
     "docker": docker_backend.KEYS,
     "volumes": volumes.KEYS,
     "state": state.KEYS,
+    "observability": observability.KEYS,
     "gvisor": gvisor.KEYS,
     "density": density.KEYS,
 }

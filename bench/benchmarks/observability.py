@@ -1,0 +1,168 @@
+"""Issue 14, metrics and tracing overhead: create-to-Running and ``commands.run("true")`` on
+a server with ``/metrics`` (scraped every second) and OpenTelemetry tracing (batched OTLP
+export to a local sink) beside the same server with both off, in the same run.
+
+The two servers run side by side and the measurements alternate between them, so machine
+noise falls on both alike. Target: at most 5 % more at p50 (the issue's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+
+from bench.env import BenchEnv
+from bench.results import Measured, Row, Target, ms, skipped
+from bench.sdk import Sandboxes
+from bench.server import SandlotServer
+from bench.stats import Summary
+
+BENCH = "observability"
+KEYS = ("observability.create", "observability.true_rtt", "observability.create_overhead",
+        "observability.true_rtt_overhead")
+CREATE_TIMEOUT = 120.0
+WARM_POOL = 2
+MAX_CREATES = 20
+REFILL_PAUSE = 1.0
+IMAGE = "base"
+LABELS = {
+    "observability.create": "metrics+tracing on: create-to-Running (serial)",
+    "observability.true_rtt": 'metrics+tracing on: commands.run("true") round trip',
+    "observability.create_overhead": "metrics+tracing overhead on create (p50)",
+    "observability.true_rtt_overhead": 'metrics+tracing overhead on commands.run("true") (p50)',
+}
+OFF = '\n[metrics]\nenabled = false\n'
+
+
+class _Sink(BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver that accepts and drops every export."""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        return
+
+
+@contextlib.contextmanager
+def _otlp_sink() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def _scrape_every_second(server: SandlotServer, stop: asyncio.Event) -> None:
+    async with httpx.AsyncClient(headers={"OPEN-SANDBOX-API-KEY": server.api_key}) as c:
+        while not stop.is_set():
+            with contextlib.suppress(httpx.HTTPError):
+                await c.get(f"{server.base_url}/metrics")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+
+
+async def _creates(env: BenchEnv, on: Sandboxes, off: Sandboxes, n: int
+                   ) -> tuple[list[float], list[float]]:
+    times: dict[int, list[float]] = {0: [], 1: []}
+    for i in range(n):
+        await asyncio.sleep(REFILL_PAUSE)  # both pools refill between creates
+        await env.quiesce(timeout=5.0)
+        for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+            boxes = (on, off)[side]
+            sandbox, elapsed = await asyncio.wait_for(boxes.create(IMAGE), CREATE_TIMEOUT)
+            times[side].append(elapsed)
+            await boxes.delete(sandbox)
+    return times[0], times[1]
+
+
+async def _rtts(env: BenchEnv, on: Sandboxes, off: Sandboxes, n: int
+                ) -> tuple[list[float], list[float]]:
+    a, _ = await asyncio.wait_for(on.create(IMAGE), CREATE_TIMEOUT)
+    b, _ = await asyncio.wait_for(off.create(IMAGE), CREATE_TIMEOUT)
+    times: dict[int, list[float]] = {0: [], 1: []}
+    try:
+        for sandbox in (a, b):
+            for _ in range(5):  # warm-up
+                await sandbox.commands.run("true")
+        await env.quiesce()
+        for i in range(n):
+            for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+                sandbox = (a, b)[side]
+                t0 = time.perf_counter()
+                execution = await sandbox.commands.run("true")
+                times[side].append(time.perf_counter() - t0)
+                if execution.error is not None:
+                    raise RuntimeError(f"`true` failed in the sandbox: {execution.error}")
+    finally:
+        await on.delete(a)
+        await off.delete(b)
+    return times[0], times[1]
+
+
+def _overhead_row(key: str, on: list[float], off: list[float]) -> Row:
+    pct = (Summary.of(on).p50 / Summary.of(off).p50 - 1.0) * 100.0
+    return Row(key=key, bench=BENCH, label=LABELS[key], unit="%",
+               sandlot=Measured("on vs off", [pct]),
+               target=Target("<=", 5.0, stat="p50", source="issue 14"),
+               note="p50 with metrics+tracing on / p50 with both off, same run, alternating")
+
+
+async def run(env: BenchEnv) -> list[Row]:
+    with _otlp_sink() as endpoint:
+        on_server = SandlotServer(
+            image_cache=env.server.image_cache, warm_pool_size=WARM_POOL,
+            extra_config=(f'warm_pool_images = ["{IMAGE}"]\n\n[tracing]\n'
+                          f'otlp_endpoint = "{endpoint}"\n'))
+        off_server = SandlotServer(
+            image_cache=env.server.image_cache, warm_pool_size=WARM_POOL,
+            extra_config=f'warm_pool_images = ["{IMAGE}"]\n' + OFF)
+        on = Sandboxes(on_server, env.sandboxes.run_id)
+        off = Sandboxes(off_server, env.sandboxes.run_id)
+        stop = asyncio.Event()
+        scraper: asyncio.Task[None] | None = None
+        try:
+            await asyncio.to_thread(on_server.start)
+            await asyncio.to_thread(off_server.start)
+            scraper = asyncio.create_task(_scrape_every_second(on_server, stop))
+            sc = env.scale
+            create_on, create_off = await _creates(env, on, off, min(sc.create_serial,
+                                                                      MAX_CREATES))
+            rtt_on, rtt_off = await _rtts(env, on, off, sc.command_runs)
+        except Exception as exc:  # noqa: BLE001 - reported as skipped rows
+            return [skipped(k, BENCH, label, "ms", f"failed: {exc}")
+                    for k, label in LABELS.items()]
+        finally:
+            stop.set()
+            if scraper is not None:
+                await asyncio.gather(scraper, return_exceptions=True)
+            for boxes, server in ((on, on_server), (off, off_server)):
+                await boxes.delete_all()
+                await asyncio.to_thread(boxes.sweep)
+                await boxes.aclose()
+                await asyncio.to_thread(server.stop)
+                server.remove()
+    return [
+        Row(key="observability.create", bench=BENCH, label=LABELS["observability.create"],
+            unit="ms", sandlot=Measured("sandlot[on]", ms(create_on)),
+            baselines=[Measured("sandlot[off]", ms(create_off))],
+            note=f"warm pool of {WARM_POOL}, refilled between creates; /metrics scraped 1/s"),
+        Row(key="observability.true_rtt", bench=BENCH, label=LABELS["observability.true_rtt"],
+            unit="ms", sandlot=Measured("sandlot[on]", ms(rtt_on)),
+            baselines=[Measured("sandlot[off]", ms(rtt_off))]),
+        _overhead_row("observability.create_overhead", create_on, create_off),
+        _overhead_row("observability.true_rtt_overhead", rtt_on, rtt_off),
+    ]
