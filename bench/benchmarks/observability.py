@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 
 from bench.env import BenchEnv
+from bench.procs import cpu_seconds
 from bench.results import Measured, Row, Target, ms, skipped
 from bench.sdk import Sandboxes
 from bench.server import SandlotServer
@@ -25,7 +26,8 @@ from bench.stats import Summary
 
 BENCH = "observability"
 KEYS = ("observability.create", "observability.true_rtt", "observability.create_overhead",
-        "observability.true_rtt_overhead")
+        "observability.true_rtt_overhead", "observability.create_server_cpu",
+        "observability.true_rtt_server_cpu")
 CREATE_TIMEOUT = 120.0
 WARM_POOL = 2
 MAX_CREATES = 20
@@ -36,6 +38,8 @@ LABELS = {
     "observability.true_rtt": 'metrics+tracing on: commands.run("true") round trip',
     "observability.create_overhead": "metrics+tracing overhead on create (p50)",
     "observability.true_rtt_overhead": 'metrics+tracing overhead on commands.run("true") (p50)',
+    "observability.create_server_cpu": "server CPU per create (metrics+tracing on)",
+    "observability.true_rtt_server_cpu": 'server CPU per commands.run("true") (on)',
 }
 OFF = '\n[metrics]\nenabled = false\n'
 
@@ -75,25 +79,37 @@ async def _scrape_every_second(server: SandlotServer, stop: asyncio.Event) -> No
                 await asyncio.wait_for(stop.wait(), 1.0)
 
 
-async def _creates(env: BenchEnv, on: Sandboxes, off: Sandboxes, n: int
-                   ) -> tuple[list[float], list[float]]:
+def _cpu(boxes: Sandboxes) -> float:
+    """CPU seconds the server process has used (wall times on a loaded machine are noisy;
+    the server's own CPU per operation is what metrics and tracing add to)."""
+    pid = boxes.server.pid
+    return cpu_seconds([pid]).get(pid, 0.0)
+
+
+Timed = tuple[list[float], list[float], list[float], list[float]]  # wall on/off, CPU on/off
+
+
+async def _creates(env: BenchEnv, on: Sandboxes, off: Sandboxes, n: int) -> Timed:
     times: dict[int, list[float]] = {0: [], 1: []}
+    cpu: dict[int, list[float]] = {0: [], 1: []}
     for i in range(n):
         await asyncio.sleep(REFILL_PAUSE)  # both pools refill between creates
         await env.quiesce(timeout=5.0)
         for side in ((0, 1) if i % 2 == 0 else (1, 0)):
             boxes = (on, off)[side]
+            c0 = _cpu(boxes)
             sandbox, elapsed = await asyncio.wait_for(boxes.create(IMAGE), CREATE_TIMEOUT)
+            cpu[side].append(_cpu(boxes) - c0)
             times[side].append(elapsed)
             await boxes.delete(sandbox)
-    return times[0], times[1]
+    return times[0], times[1], cpu[0], cpu[1]
 
 
-async def _rtts(env: BenchEnv, on: Sandboxes, off: Sandboxes, n: int
-                ) -> tuple[list[float], list[float]]:
+async def _rtts(env: BenchEnv, on: Sandboxes, off: Sandboxes, n: int) -> Timed:
     a, _ = await asyncio.wait_for(on.create(IMAGE), CREATE_TIMEOUT)
     b, _ = await asyncio.wait_for(off.create(IMAGE), CREATE_TIMEOUT)
     times: dict[int, list[float]] = {0: [], 1: []}
+    cpu: dict[int, list[float]] = {0: [], 1: []}
     try:
         for sandbox in (a, b):
             for _ in range(5):  # warm-up
@@ -102,15 +118,17 @@ async def _rtts(env: BenchEnv, on: Sandboxes, off: Sandboxes, n: int
         for i in range(n):
             for side in ((0, 1) if i % 2 == 0 else (1, 0)):
                 sandbox = (a, b)[side]
+                c0 = _cpu((on, off)[side])
                 t0 = time.perf_counter()
                 execution = await sandbox.commands.run("true")
                 times[side].append(time.perf_counter() - t0)
+                cpu[side].append(_cpu((on, off)[side]) - c0)
                 if execution.error is not None:
                     raise RuntimeError(f"`true` failed in the sandbox: {execution.error}")
     finally:
         await on.delete(a)
         await off.delete(b)
-    return times[0], times[1]
+    return times[0], times[1], cpu[0], cpu[1]
 
 
 def _overhead_row(key: str, on: list[float], off: list[float]) -> Row:
@@ -139,9 +157,9 @@ async def run(env: BenchEnv) -> list[Row]:
             await asyncio.to_thread(off_server.start)
             scraper = asyncio.create_task(_scrape_every_second(on_server, stop))
             sc = env.scale
-            create_on, create_off = await _creates(env, on, off, min(sc.create_serial,
-                                                                      MAX_CREATES))
-            rtt_on, rtt_off = await _rtts(env, on, off, sc.command_runs)
+            create_on, create_off, ccpu_on, ccpu_off = await _creates(
+                env, on, off, min(sc.create_serial, MAX_CREATES))
+            rtt_on, rtt_off, rcpu_on, rcpu_off = await _rtts(env, on, off, sc.command_runs)
         except Exception as exc:  # noqa: BLE001 - reported as skipped rows
             return [skipped(k, BENCH, label, "ms", f"failed: {exc}")
                     for k, label in LABELS.items()]
@@ -165,4 +183,14 @@ async def run(env: BenchEnv) -> list[Row]:
             baselines=[Measured("sandlot[off]", ms(rtt_off))]),
         _overhead_row("observability.create_overhead", create_on, create_off),
         _overhead_row("observability.true_rtt_overhead", rtt_on, rtt_off),
+        Row(key="observability.create_server_cpu", bench=BENCH,
+            label=LABELS["observability.create_server_cpu"], unit="ms",
+            sandlot=Measured("sandlot[on]", ms(ccpu_on)),
+            baselines=[Measured("sandlot[off]", ms(ccpu_off))],
+            note="CPU time of the sandlot serve process during each create (psutil)"),
+        Row(key="observability.true_rtt_server_cpu", bench=BENCH,
+            label=LABELS["observability.true_rtt_server_cpu"], unit="ms",
+            sandlot=Measured("sandlot[on]", ms(rcpu_on)),
+            baselines=[Measured("sandlot[off]", ms(rcpu_off))],
+            note="CPU time of the sandlot serve process during each round trip (psutil)"),
     ]

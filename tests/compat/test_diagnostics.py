@@ -143,3 +143,17 @@ def test_events_and_logs_outlive_the_sandbox(
     assert any("ended" in w for w in content.warnings or [])
     with pytest.raises(SandboxApiException):
         manager.get_diagnostic_events("no-such-sandbox", "runtime")
+
+
+def test_a_restart_is_an_event_and_earlier_events_survive_it(fresh_server: SandlotServer) -> None:
+    with fresh_server.client() as c:
+        sid = _create(c, ["sleep", "infinity"])
+    fresh_server.kill9()
+    fresh_server.start()
+    with fresh_server.client() as c:
+        wait_state(c, sid, "Running")
+        r = c.get(f"/v1/sandboxes/{sid}/diagnostics/events", params={"scope": "runtime"})
+        assert r.status_code == 200, r.text
+        events = r.json()["content"]
+        assert "Pending -> Running" in events and "Restarted" in events
+        assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204

@@ -203,12 +203,16 @@ class DiagnosticsService(LifecycleObserver):
         kind = "EntrypointExited" if ended.startswith("exited") else "EntrypointKilled"
         self.recorder.record(sandbox_id, kind, f"The sandbox's entrypoint {ended}", level)
 
+    def recovered(self, rec: SandboxRecord) -> None:
+        # OOM kills counted before the restart were recorded then.
+        self.monitor.take_baseline(rec.id)
+
     async def before_delete(self, rec: SandboxRecord) -> None:
         """Copy the last logs to the store: the container's files go with it."""
         try:
             async with asyncio.timeout(2 * _EXECD_TIMEOUT):
-                await self.observe(rec)
-                content = await self._live_logs(rec)
+                await self.monitor.sample(rec.id)  # a last OOM kill
+                content = await self._live_logs(rec)  # notes the entrypoint's end too
         except TimeoutError:
             return
         self.monitor.forget(rec.id)

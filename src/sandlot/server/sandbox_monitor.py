@@ -45,6 +45,7 @@ class SandboxMonitor:
         self._oom_seen: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
         self._reports: set[asyncio.Task[None]] = set()
+        self._baseline: set[str] = set()
 
     def latest(self, sandbox_id: str) -> Sample | None:
         """The last sample of a live sandbox (None before the first or after its end)."""
@@ -63,6 +64,9 @@ class SandboxMonitor:
             return None
         found = Sample(time.time(), usage)
         self._latest[sandbox_id] = found
+        if sandbox_id in self._baseline:
+            self._baseline.discard(sandbox_id)
+            self._oom_seen[sandbox_id] = usage.oom_kills
         seen = self._oom_seen.get(sandbox_id, 0)
         if usage.oom_kills > seen:
             self._oom_seen[sandbox_id] = usage.oom_kills
@@ -91,9 +95,14 @@ class SandboxMonitor:
             self._reports.add(task)
             task.add_done_callback(self._reports.discard)
 
+    def take_baseline(self, sandbox_id: str) -> None:
+        """The next sample's OOM-kill count is old news (e.g. after a server restart)."""
+        self._baseline.add(sandbox_id)
+
     def forget(self, sandbox_id: str) -> None:
         self._latest.pop(sandbox_id, None)
         self._oom_seen.pop(sandbox_id, None)
+        self._baseline.discard(sandbox_id)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
