@@ -32,6 +32,7 @@ CREATE_TIMEOUT = 120.0
 WARM_POOL = 2
 MAX_CREATES = 10  # bounded: each side waits for its pool to refill
 REFILL_PAUSE = 1.0
+MIN_SECONDS = 60.0  # two server starts, their pools, a few creates and round trips
 MAX_RUNS = 100  # round trips per side (two servers share the time budget)
 IMAGE = "base"
 LABELS = {
@@ -141,6 +142,24 @@ def _overhead_row(key: str, on: list[float], off: list[float]) -> Row:
 
 
 async def run(env: BenchEnv) -> list[Row]:
+    """Skipped (with the reason), never cut, when the run's time budget is short: the smoke
+    run (``--quick``) must stay within its budget, and this benchmark runs last."""
+    left = env.deadline - time.monotonic() - 15.0  # room for the clean-up
+    if left < MIN_SECONDS:
+        return _skipped(f"skipped: {left:.0f}s of the run's budget left, {MIN_SECONDS:.0f}s "
+                        "needed for two more servers")
+    try:
+        return await asyncio.wait_for(_run(env), None if left == float("inf") else left)
+    except TimeoutError:
+        return _skipped(f"skipped: did not finish in the {left:.0f}s left of the run's budget")
+
+
+def _skipped(why: str) -> list[Row]:
+    return [skipped(k, BENCH, label, "%" if k.endswith("overhead") else "ms", why)
+            for k, label in LABELS.items()]
+
+
+async def _run(env: BenchEnv) -> list[Row]:
     with _otlp_sink() as endpoint:
         on_server = SandlotServer(
             image_cache=env.server.image_cache, warm_pool_size=WARM_POOL,
@@ -163,8 +182,7 @@ async def run(env: BenchEnv) -> list[Row]:
             rtt_on, rtt_off, rcpu_on, rcpu_off = await _rtts(env, on, off,
                                                              min(sc.command_runs, MAX_RUNS))
         except Exception as exc:  # noqa: BLE001 - reported as skipped rows
-            return [skipped(k, BENCH, label, "ms", f"failed: {exc}")
-                    for k, label in LABELS.items()]
+            return _skipped(f"failed: {type(exc).__name__}: {exc}")
         finally:
             stop.set()
             if scraper is not None:
