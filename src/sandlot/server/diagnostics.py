@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sandlot.errors import InvalidRequest, NotFound
+from sandlot.errors import InvalidRequest, NotFound, SandlotError
 from sandlot.execd.protocol import ENTRYPOINT_LOG, parse_entrypoint_exit
 from sandlot.runtime import execd_client
 from sandlot.server import codes
@@ -280,8 +280,9 @@ class DiagnosticsService(LifecycleObserver):
                 lambda: self.service.runtime.connect(sid, port), "GET",
                 f"/files/download?path={ENTRYPOINT_LOG}",
                 token=self.service.execd_token(rec), timeout=_EXECD_TIMEOUT,
-                headers={"Range": f"bytes=-{max_bytes}"})
-        except (OSError, TimeoutError, NotFound, ConnectionError) as exc:
+                headers={"Range": f"bytes=-{max_bytes}"}, max_body=max_bytes + 4096)
+        except (OSError, TimeoutError, SandlotError, asyncio.IncompleteReadError,
+                asyncio.LimitOverrunError) as exc:
             if warnings is not None:
                 warnings.append(f"the sandbox's execd did not answer ({exc or type(exc).__name__}"
                                 "): entrypoint output is missing")
