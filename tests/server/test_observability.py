@@ -138,3 +138,26 @@ async def test_a_create_trace_has_the_expected_spans(
     assert proxied.attributes["sandlot.port"] == "44772"
     assert proxied.resource.attributes["service.name"] == "sandlot"
     await client.delete(f"/v1/sandboxes/{sid}")
+
+
+@pytest.mark.fake_only
+async def test_large_diagnostics_keep_their_tail_and_say_truncated(harness: Harness) -> None:
+    await harness.stop()
+    harness.cfg.diagnostics.max_inline_bytes = 1024
+    await harness.start()
+    async with harness.client() as client:
+        r = await client.post("/v1/sandboxes", json=BODY)
+        sid = r.json()["id"]
+        await harness.wait_state(client, sid, "Running")
+        for _ in range(4):  # four events per cycle
+            assert (await client.post(f"/v1/sandboxes/{sid}/pause")).status_code == 202
+            await harness.wait_state(client, sid, "Paused")
+            assert (await client.post(f"/v1/sandboxes/{sid}/resume")).status_code == 202
+            await harness.wait_state(client, sid, "Running")
+        body = (await client.get(f"/v1/sandboxes/{sid}/diagnostics/events",
+                                 params={"scope": "runtime"})).json()
+        assert body["truncated"] is True
+        assert len(body["content"].encode()) <= 1024
+        assert body["content"].rstrip().endswith("Resuming -> Running (CONTAINER_RUNNING)")
+        assert "Sandbox created" not in body["content"]  # the oldest went
+        await client.delete(f"/v1/sandboxes/{sid}")
