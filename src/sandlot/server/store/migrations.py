@@ -45,8 +45,9 @@ def _v5_owners(conn: Connection) -> None:
 
 
 def _v6_diagnostics(conn: Connection) -> None:
-    tables.sandbox_events.create(conn)
-    tables.sandbox_final_logs.create(conn)
+    """Diagnostic events and the last logs of ended sandboxes (diagnostics.py)."""
+    tables.sandbox_events.create(conn, checkfirst=True)
+    tables.sandbox_final_logs.create(conn, checkfirst=True)
 
 
 # Key of the PostgreSQL advisory lock held while migrating (any fixed 64-bit number).
