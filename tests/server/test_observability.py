@@ -161,3 +161,25 @@ async def test_large_diagnostics_keep_their_tail_and_say_truncated(harness: Harn
         assert body["content"].rstrip().endswith("Resuming -> Running (CONTAINER_RUNNING)")
         assert "Sandbox created" not in body["content"]  # the oldest went
         await client.delete(f"/v1/sandboxes/{sid}")
+
+
+@pytest.mark.fake_only
+async def test_expiry_is_an_event_readable_after_the_end(
+    harness: Harness, client: httpx.AsyncClient
+) -> None:
+    from datetime import timedelta
+
+    from sandlot.server.models import utcnow
+
+    sid = (await client.post("/v1/sandboxes", json=BODY)).json()["id"]
+    await harness.wait_state(client, sid, "Running")
+    svc = harness.service
+    svc.get(sid).expires_at = utcnow() + timedelta(seconds=0.1)
+    svc.expiry.schedule(sid, svc.get(sid).expires_at)
+    for _ in range(200):
+        if (await client.get(f"/v1/sandboxes/{sid}")).status_code == 404:
+            break
+        await asyncio.sleep(0.05)
+    events = (await client.get(f"/v1/sandboxes/{sid}/diagnostics/events",
+                               params={"scope": "runtime"})).json()["content"]
+    assert "Expired" in events and "Stopping -> Terminated (ttl_expiry)" in events
