@@ -218,8 +218,8 @@ class DiagnosticsService(LifecycleObserver):
         self.monitor.forget(rec.id)
         self._exit_seen.pop(rec.id, None)
         if content.text:
-            await self.recorder.store.save_final_logs(
-                rec.id, FinalLogs(time.time(), content.text, content.truncated))
+            self.recorder.keep_logs(rec.id, FinalLogs(time.time(), content.text,
+                                                      content.truncated))
 
     # ----- reading logs ------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from sandlot.server.models import SandboxState
 from sandlot.server.observers import LifecycleObserver
-from sandlot.server.store.events import Event, EventStore
+from sandlot.server.store.events import Event, EventStore, FinalLogs
 
 if TYPE_CHECKING:
     from sandlot.runtime.base import ContainerInfo
@@ -42,6 +42,18 @@ class EventRecorder(LifecycleObserver):
         task = asyncio.get_running_loop().create_task(self._write(event))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+    def keep_logs(self, sandbox_id: str, logs: FinalLogs) -> None:
+        """Queue an ended sandbox's last logs (returns at once: a delete does not wait)."""
+        task = asyncio.get_running_loop().create_task(self._write_logs(sandbox_id, logs))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _write_logs(self, sandbox_id: str, logs: FinalLogs) -> None:
+        try:
+            await self.store.save_final_logs(sandbox_id, logs)
+        except Exception:  # noqa: BLE001 - lost logs must not fail the delete
+            log.warning("keeping the last logs of %s failed", sandbox_id, exc_info=True)
 
     async def _write(self, event: Event) -> None:
         try:
