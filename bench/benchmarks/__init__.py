@@ -1,4 +1,5 @@
-"""The benchmarks, in the order ``python -m bench`` runs them (density last: it is heaviest)."""
+"""The benchmarks, in the order ``python -m bench`` runs them (density, the heaviest, then
+observability, which skips itself when the budget is short)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from bench.benchmarks import (
     gvisor,
     jupyter,
     network,
+    observability,
     proxy,
     state,
     volumes,
@@ -36,6 +38,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "state": state.run,
     "gvisor": gvisor.run,
     "density": density.run,
+    "observability": observability.run,  # last: it skips itself when the budget is short
 }
 
 # Row keys (prefixes) each benchmark always reports, measured or marked skipped.
@@ -52,4 +55,5 @@ EXPECTED_KEYS: dict[str, tuple[str, ...]] = {
     "state": state.KEYS,
     "gvisor": gvisor.KEYS,
     "density": density.KEYS,
+    "observability": observability.KEYS,
 }

@@ -192,6 +192,44 @@ class DockerConfig(_Section):
     apparmor_profile: str | None = None  # empty/unset: the engine's default
 
 
+class LogConfig(_Section):
+    """``[log]``: the reference server's keys, plus ``format`` (sandlot's own)."""
+
+    level: str = Field(default="INFO", min_length=3)
+    format: Literal["text", "json"] = "text"  # json: one object per line
+    file_enabled: bool = False
+    file_path: str | None = None  # default with file_enabled: ~/logs/sandlot/server.log
+    access_file_path: str | None = None  # default with file_enabled: ~/logs/sandlot/access.log
+    file_max_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
+    file_backup_count: int = Field(default=5, ge=0)
+
+
+class DiagnosticsConfig(_Section):
+    """``[diagnostics]``: sandlot's own (the reference has no such section)."""
+
+    # How long events and the last logs of an ended sandbox stay readable.
+    retention_seconds: float = Field(default=86400.0, ge=0)
+    # Largest inline payload of GET .../diagnostics/logs|events (the tail is kept).
+    max_inline_bytes: int = Field(default=1 << 20, ge=1024)
+    # How often live sandboxes' cgroups are sampled (metrics, OOM events); 0 turns it off.
+    sample_interval_seconds: float = Field(default=5.0, ge=0)
+
+
+class MetricsConfig(_Section):
+    """``[metrics]``: the Prometheus endpoint ``GET /metrics``."""
+
+    enabled: bool = True
+    open: bool = False  # true: served without the API key (for a scraper on a trusted net)
+    per_sandbox: bool = True  # per-sandbox CPU/memory series (one pair per live sandbox)
+
+
+class TracingConfig(_Section):
+    """``[tracing]``: OpenTelemetry spans of creates and proxied requests, sent over OTLP."""
+
+    otlp_endpoint: str | None = None  # e.g. "http://127.0.0.1:4318/v1/traces"; unset = off
+    service_name: str = "sandlot"
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
@@ -204,6 +242,10 @@ class Config(_Section):
     docker: DockerConfig = Field(default_factory=DockerConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     tenants: TenantsConfig = Field(default_factory=TenantsConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     data_dir: Path = DEFAULT_DATA_DIR
     _warnings: list[str] = PrivateAttr(default_factory=list)
     _refusals: list[str] = PrivateAttr(default_factory=list)

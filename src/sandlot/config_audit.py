@@ -43,9 +43,6 @@ UPSTREAM: dict[str, dict[str, Rule]] = {
         for k in ("timeout_keep_alive", "limit_concurrency", "backlog", "thread_pool_size",
                   "loop", "http", "eip")
     },
-    "log": {k: Rule(False, why="sandlot logs to stderr")
-            for k in ("level", "file_enabled", "file_path", "access_file_path",
-                      "file_max_bytes", "file_backup_count")},
     "runtime": {"execd_image": Rule(False, why="sandlot bind-mounts its own execd")},
     "store": {"type": Rule(False, inert=("sqlite",)),
               "path": Rule(False, why="sandlot keeps its database in data_dir "

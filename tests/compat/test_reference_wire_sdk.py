@@ -201,12 +201,14 @@ def test_osb_lists_newest_first(sandlot_server: SandlotServer, pair: tuple[str, 
     assert [i["id"] for i in json.loads(p.stdout)["items"]] == [pair[1], pair[0]]
 
 
-def test_osb_diagnostics_reports_not_implemented(
+def test_osb_diagnostics_answers_and_names_unsupported_scopes(
     sandlot_server: SandlotServer, pair: tuple[str, str]
 ) -> None:
-    p = osb(sandlot_server, "diagnostics", "logs", pair[0], "--scope", "all")
+    p = osb(sandlot_server, "diagnostics", "events", pair[0], "--scope", "all", "-o", "raw")
+    assert p.returncode == 0 and "Pending -> Running" in p.stdout, p.stderr
+    p = osb(sandlot_server, "diagnostics", "logs", pair[0], "--scope", "network")
     assert p.returncode != 0
-    assert "not offered" in p.stdout + p.stderr  # not "sandbox not found"
+    assert "DIAGNOSTICS_SCOPE_UNSUPPORTED" in p.stdout + p.stderr  # not "sandbox not found"
 
 
 def test_osb_reports_the_reference_codes_for_wrong_states(

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from sandlot.execd.protocol import parse_entrypoint_exit
 from tests.execd.conftest import TOKEN, start_execd, stop_execd
 
 
@@ -55,6 +56,34 @@ def test_entrypoint_runs_with_scrubbed_environment(tmp_path: Path) -> None:
         kids = psutil.Process(ex.proc.pid).children()
         entry = [k for k in kids if "entry-started" in " ".join(k.cmdline())]
         assert entry and os.getpgid(entry[0].pid) == entry[0].pid
+    finally:
+        stop_execd(ex)
+
+
+def test_the_entrypoint_end_is_the_last_line_of_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "entry.log"
+    ex = start_execd(tmp_path, "--entrypoint-log", str(log), "--",
+                     "sh", "-c", "echo out; echo err >&2; exit 3")
+    try:
+        assert wait_for(lambda: log.exists() and "[sandlot] entrypoint" in log.read_text())
+        lines = log.read_text().splitlines()
+        assert lines[-1] == "[sandlot] entrypoint exited with code 3"
+        assert "out" in lines and "err" in lines
+        assert parse_entrypoint_exit(log.read_text()) == "exited with code 3"
+        with ex.client() as c:  # execd (PID 1 in a sandbox) stays up
+            assert c.get("/ping").status_code == 200
+    finally:
+        stop_execd(ex)
+
+
+def test_an_entrypoint_killed_by_a_signal_says_which(tmp_path: Path) -> None:
+    log = tmp_path / "entry.log"
+    ex = start_execd(tmp_path, "--entrypoint-log", str(log), "--",
+                     "sh", "-c", "echo going; kill -KILL $$")
+    try:
+        assert wait_for(lambda: log.exists() and "[sandlot] entrypoint" in log.read_text())
+        assert log.read_text().splitlines()[-1] == (
+            "[sandlot] entrypoint was killed by signal 9 (SIGKILL)")
     finally:
         stop_execd(ex)
 

@@ -217,6 +217,10 @@ async def test_deny_policy_wildcards_patch_delete_restart(net_server: NetServer)
             assert got["policy"]["egress"] == [{"action": "allow", "target": "allowed.test"},
                                                {"action": "allow", "target": "*.wild.test"}]
             assert got["mode"] == "enforcing" and got["enforcementMode"] == "dns+nft"
+            # Each change through the egress API is a diagnostics event.
+            events = c.get(f"/v1/sandboxes/{sandbox.id}/diagnostics/events",
+                           params={"scope": "runtime"}).json()["content"]
+            assert "PolicyChanged Egress policy set: default deny, 2 rule(s)" in events
             bad = c.patch(f"/v1/sandboxes/{sandbox.id}/networkpolicy",
                           json=[{"action": "allow", "target": "ok.test"},
                                 {"action": "allow", "target": "no spaces!"}])

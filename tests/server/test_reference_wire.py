@@ -465,14 +465,37 @@ async def test_unknown_routes_carry_the_reference_detail(client: httpx.AsyncClie
     assert r.status_code == 405 and r.json()["detail"] == "Method Not Allowed"
 
 
-async def test_diagnostics_routes_are_diagnostics_not_implemented(
+async def test_diagnostics_routes_answer_the_spec_shape_and_refuse_other_scopes(
     client: httpx.AsyncClient,
 ) -> None:
     sid = (await create(client))["id"]
+    for kind, scope in (("logs", "container"), ("logs", "all"), ("events", "runtime"),
+                        ("events", "all")):
+        r = await client.get(f"/v1/sandboxes/{sid}/diagnostics/{kind}", params={"scope": scope})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert {k: body[k] for k in ("sandboxId", "kind", "scope", "delivery")} == {
+            "sandboxId": sid, "kind": kind, "scope": scope, "delivery": "inline"}
+        assert body["contentType"] == "text/plain; charset=utf-8"
+        assert body["truncated"] is False and isinstance(body["content"], str)
+        assert set(body) <= {"sandboxId", "kind", "scope", "delivery", "contentType", "content",
+                             "contentLength", "truncated", "warnings"}
+    events = (await client.get(f"/v1/sandboxes/{sid}/diagnostics/events",
+                               params={"scope": "runtime"})).json()["content"]
+    assert "Pending -> Running" in events
+    for kind, scope in (("logs", "runtime"), ("events", "container"), ("logs", "network")):
+        r = await client.get(f"/v1/sandboxes/{sid}/diagnostics/{kind}", params={"scope": scope})
+        error(r, 400, "DIAGNOSTICS_SCOPE_UNSUPPORTED")
+    ctx = (await client.get(f"/v1/sandboxes/{sid}/diagnostics/context")).json()
+    assert ctx["sandboxId"] == sid and ctx["state"] == "Running" and ctx["backend"]
+    # the deprecated plain-text routes (osb devops)
     for kind in ("logs", "events", "inspect", "summary"):
-        r = await client.get(f"/v1/sandboxes/{sid}/diagnostics/{kind}", params={"scope": "all"})
-        error(r, 501, "DIAGNOSTICS_NOT_IMPLEMENTED")
+        r = await client.get(f"/v1/sandboxes/{sid}/diagnostics/{kind}")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert sid in (await client.get(f"/v1/sandboxes/{sid}/diagnostics/inspect")).text
     error(await client.get("/sandboxes/nope/diagnostics/logs"), 404, "DOCKER::SANDBOX_NOT_FOUND")
+    error(await client.get("/sandboxes/nope/diagnostics/events", params={"scope": "all"}), 404,
+          "DOCKER::SANDBOX_NOT_FOUND")
 
 
 async def test_every_lifecycle_route_has_an_unversioned_alias(

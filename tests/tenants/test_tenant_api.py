@@ -74,6 +74,12 @@ SANDBOX_ROUTES = [
     ("POST", "/proxy/44772/command", {"command": "id"}),
     ("GET", "/networkpolicy", None),
     ("GET", "/diagnostics/context", None),
+    ("GET", "/diagnostics/logs?scope=container", None),
+    ("GET", "/diagnostics/events?scope=runtime", None),
+    ("GET", "/diagnostics/logs", None),
+    ("GET", "/diagnostics/events", None),
+    ("GET", "/diagnostics/inspect", None),
+    ("GET", "/diagnostics/summary", None),
 ]
 
 

@@ -120,12 +120,12 @@ def test_the_upstream_example_loads_with_warnings_only(tmp_path: Path) -> None:
     cfg = _load(tmp_path, UPSTREAM_DOCKER_EXAMPLE)
     assert cfg.refusals() == []
     warned = "\n".join(cfg.warnings())
-    for key in ("[log] level", "[runtime] execd_image", "[store] path", "[egress] image",
+    for key in ("[runtime] execd_image", "[store] path", "[egress] image",
                 "[storage] volume_default_size", "[renew_intent] min_interval_seconds"):
         assert key in warned
     # inert values ask for nothing sandlot lacks: not even a warning
     for key in ("[ingress] mode", "[egress] mode", "[store] type", "[secure_runtime] type",
-                "[renew_intent] enabled"):
+                "[renew_intent] enabled", "[log] level"):  # [log] is honoured
         assert key not in warned
 
 

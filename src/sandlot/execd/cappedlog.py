@@ -45,9 +45,11 @@ class CappedLog:
             os.close(self._fd)
 
 
-def copy_pipe_into(read_fd: int, log: CappedLog) -> None:
-    """Copy everything arriving on ``read_fd`` into ``log`` from the running loop, until EOF."""
+def copy_pipe_into(read_fd: int, log: CappedLog) -> asyncio.Future[None]:
+    """Copy everything arriving on ``read_fd`` into ``log`` from the running loop, until EOF
+    (the returned future's result)."""
     loop = asyncio.get_running_loop()
+    eof: asyncio.Future[None] = loop.create_future()
     os.set_blocking(read_fd, False)
 
     def readable() -> None:
@@ -64,5 +66,8 @@ def copy_pipe_into(read_fd: int, log: CappedLog) -> None:
         loop.remove_reader(read_fd)
         os.close(read_fd)
         log.close()
+        if not eof.done():
+            eof.set_result(None)
 
     loop.add_reader(read_fd, readable)
+    return eof

@@ -322,13 +322,25 @@ async def _start_entrypoint(
     log = CappedLog(log_path)
     read_end, out = os.pipe2(os.O_CLOEXEC)
     try:
-        procs.spawn(argv, cwd=settings.workdir, env=dict(os.environ), stdout=out, stderr=out,
-                    uid=settings.default_uid, gid=settings.default_gid)
+        pid, _exit = procs.spawn(argv, cwd=settings.workdir, env=dict(os.environ), stdout=out,
+                                 stderr=out, uid=settings.default_uid, gid=settings.default_gid)
+        status = procs.REAPER.watch_status(pid)
     except OSError as exc:
         log.write(f"execd: cannot start entrypoint {argv[0]}: {exc}\n".encode())
+        status = None
     finally:
         os.close(out)
-    copy_pipe_into(read_end, log)
+    drained = copy_pipe_into(read_end, log)
+    if status is not None:
+        # The server's diagnostics read this last line (sandlot.execd.protocol).
+        await asyncio.wait({status})
+        with contextlib.suppress(TimeoutError):  # output still in the pipe comes first
+            await asyncio.wait_for(asyncio.shield(drained), 2.0)
+        line = protocol.entrypoint_exit_line(status.result())
+        with contextlib.suppress(OSError):
+            ending = CappedLog(log_path)
+            ending.write(line.encode())
+            ending.close()
 
 
 def _websocket_protocol(**kwargs: Any) -> Any:

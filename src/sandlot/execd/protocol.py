@@ -5,7 +5,37 @@ Standard library only: the server imports it without pulling in execd's dependen
 
 from __future__ import annotations
 
+import os
+import signal
+
 DEFAULT_PORT = 44772
 TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"
 PING_PATH = "/ping"
 CLAIM_PATH = "/_sandlot/claim"  # a pooled execd's one-time hand-over (execd/claim.py)
+# Where the sandbox's entrypoint output goes (a tmpfs of the sandbox's own, every backend).
+ENTRYPOINT_LOG = "/run/sandlot/entrypoint.log"
+
+# The last line execd appends to the entrypoint's log when it ends; the server's diagnostics
+# look for it (``parse_entrypoint_exit``).
+ENTRYPOINT_EXIT_PREFIX = "[sandlot] entrypoint "
+
+
+def entrypoint_exit_line(wait_status: int) -> str:
+    """``[sandlot] entrypoint exited with code N`` or ``... was killed by signal N (NAME)``."""
+    if os.WIFSIGNALED(wait_status):
+        num = os.WTERMSIG(wait_status)
+        try:
+            name = signal.Signals(num).name
+        except ValueError:
+            name = "unknown"
+        return f"{ENTRYPOINT_EXIT_PREFIX}was killed by signal {num} ({name})\n"
+    code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else 255
+    return f"{ENTRYPOINT_EXIT_PREFIX}exited with code {code}\n"
+
+
+def parse_entrypoint_exit(log_tail: str) -> str | None:
+    """The entrypoint's end as execd logged it (``exited with code 3``), or None."""
+    for line in reversed(log_tail.splitlines()):
+        if line.startswith(ENTRYPOINT_EXIT_PREFIX):
+            return line[len(ENTRYPOINT_EXIT_PREFIX):].strip()
+    return None

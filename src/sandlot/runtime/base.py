@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ContainerInfo", "ContainerState", "CreateResult", "EgressRule", "ImageRef", "NetworkPolicy",
-    "Progress", "RegistryAuth", "Runtime", "RuntimeCapabilities", "SandboxSpec", "StateListener",
-    "VolumeSpec",
+    "Progress", "RegistryAuth", "ResourceUsage", "Runtime", "RuntimeCapabilities", "SandboxSpec",
+    "StateListener", "VolumeSpec", "WarmPoolStats",
 ]
 
 
@@ -129,6 +129,25 @@ class ContainerInfo:
     pid: int | None = None
     exit_code: int | None = None
     reason: str | None = None  # e.g. "hibernated": shown in the sandbox's status
+
+
+@dataclass(frozen=True)
+class ResourceUsage:
+    """What a sandbox uses now, as its cgroup counts it (None: not known on this backend)."""
+
+    cpu_seconds: float | None = None  # total CPU time used since start
+    memory_bytes: int | None = None
+    memory_limit_bytes: int | None = None
+    oom_kills: int = 0  # processes the kernel killed in it for memory
+
+
+@dataclass(frozen=True)
+class WarmPoolStats:
+    """A pool of pre-started sandboxes: how many are ready, and how creates fared."""
+
+    ready: int
+    claims: int
+    misses: int
 
 
 # Called by ``create`` with (step, message) while it works; the service shows the Pending
@@ -240,6 +259,30 @@ class Runtime(abc.ABC):
     async def delete_snapshot(self, snapshot_id: str) -> None:
         """Remove a snapshot's data (idempotent); ``Conflict`` while something uses it."""
         raise NotImplementedError(f"the {self.name} runtime has no snapshots")
+
+    async def usage(self, sandbox_id: str) -> ResourceUsage | None:
+        """CPU, memory and OOM kills of the sandbox (None when unknown or gone).
+
+        Cheap enough to be sampled every few seconds for every sandbox (metrics, OOM events).
+        """
+        return None
+
+    async def init_log(self, sandbox_id: str, max_bytes: int) -> tuple[bytes, bool] | None:
+        """The last ``max_bytes`` of what the sandbox's init (execd) wrote to stdout/stderr,
+        as the backend keeps it, and whether older output was cut; None when it keeps none.
+
+        The workload's own output is the entrypoint log, which execd serves itself.
+        """
+        return None
+
+    def warm_pools(self) -> dict[str, WarmPoolStats]:
+        """Pre-started sandbox pools by name ("" = the server's warm pool) for ``/metrics``."""
+        return {}
+
+    def diagnostic_ids(self, sandbox_id: str) -> dict[str, str]:
+        """Backend-defined identifiers of the sandbox (container id, cgroup, ...), shown by
+        ``GET /v1/sandboxes/{id}/diagnostics/context``."""
+        return {}
 
     async def close(self) -> None:
         """Release runtime resources at server shutdown. Sandboxes keep running."""

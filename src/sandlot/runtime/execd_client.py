@@ -26,6 +26,7 @@ __all__ = ["CLAIM_PATH", "DEFAULT_PORT", "PING_PATH", "TOKEN_HEADER", "Connect",
 async def request(
     connect: Connect, method: str, path: str, *, token: str | None = None,
     body: bytes | None = None, timeout: float = 2.0, read_body: bool = True,
+    headers: dict[str, str] | None = None, max_body: int | None = None,
 ) -> tuple[int, bytes]:
     """One HTTP/1.1 request; returns the status and the body.
 
@@ -38,12 +39,14 @@ async def request(
         head.append(f"{TOKEN_HEADER}: {token}")
     if body is not None:
         head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    head += [f"{name}: {value}" for name, value in (headers or {}).items()]
     async with asyncio.timeout(timeout):
         sock = await connect()
         reader, writer = await asyncio.open_connection(sock=sock)
         try:
             writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + (body or b""))
-            raw = await _read_answer(reader) if read_body else await reader.readline()
+            raw = (await _read_answer(reader, max_body) if read_body
+                   else await reader.readline())
         finally:
             writer.close()
             with contextlib.suppress(OSError):
@@ -55,16 +58,30 @@ async def request(
     return int(parts[1]), rest.partition(b"\r\n\r\n")[2]
 
 
-async def _read_answer(reader: asyncio.StreamReader) -> bytes:
-    """Status line, headers and a ``Content-Length`` body (or up to EOF without one)."""
+async def _read_answer(reader: asyncio.StreamReader, max_body: int | None = None) -> bytes:
+    """Status line, headers and a ``Content-Length`` body (or up to EOF without one).
+
+    ``max_body`` bounds what is read: the answer comes from inside an untrusted sandbox.
+    """
     head = await reader.readuntil(b"\r\n\r\n")
     length = None
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length" and value.strip().isdigit():
             length = int(value.strip())
-    body = await (reader.readexactly(length) if length is not None else reader.read())
-    return head + body
+    if max_body is not None and length is not None and length > max_body:
+        raise ConnectionError(f"execd's answer is larger than {max_body} bytes")
+    if length is not None:
+        return head + await reader.readexactly(length)
+    if max_body is None:
+        return head + await reader.read()
+    body = b""
+    while len(body) <= max_body:
+        chunk = await reader.read(65536)
+        if not chunk:
+            return head + body
+        body += chunk
+    raise ConnectionError(f"execd's answer is larger than {max_body} bytes")
 
 
 async def ping(connect: Connect, token: str | None = None, timeout: float = 2.0) -> int:

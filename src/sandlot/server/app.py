@@ -15,6 +15,7 @@ from sandlot.server.api import (
     meta,
     networkpolicy,
     pools_api,
+    prometheus,
     proxy,
     sandboxes,
     sdk_metrics,
@@ -24,6 +25,7 @@ from sandlot.server.api import (
 from sandlot.server.auth import ApiKeyMiddleware
 from sandlot.server.body_limit import BodyLimitMiddleware
 from sandlot.server.errors import install_error_handlers
+from sandlot.server.observability import Observability
 from sandlot.server.pools import PoolService
 from sandlot.server.service import SandboxService
 from sandlot.server.snapshots import SnapshotService
@@ -69,9 +71,11 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
         app.state.service = service
         app.state.snapshots = snapshots
         app.state.proxy_clients = proxy.ProxyClients(service)
+        await observability.start(app, service, store)
         try:
             await snapshots.start()
             await service.start()
+            observability.run()
             await templates.start()  # before the pools: a pool may start from a template
             await pools.start()
             yield
@@ -79,6 +83,7 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
             await templates.stop()
             await snapshots.stop()
             await service.stop()
+            await observability.stop()
             await app.state.proxy_clients.close()
             await store.close()
 
@@ -92,6 +97,8 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
     )
     install_error_handlers(app)
     app.include_router(meta.router)
+    if cfg.metrics.enabled:
+        app.include_router(prometheus.router)
     for prefix in ("/v1", ""):
         app.include_router(snapshots_api.router, prefix=prefix)
         app.include_router(pools_api.router, prefix=prefix)
@@ -107,5 +114,8 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
     app.state.authenticators = authenticators
     # Added after the key check, so it runs inside it: only authenticated bodies are read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=cfg.server.max_request_body_bytes)
-    app.add_middleware(ApiKeyMiddleware, authenticators=authenticators)
+    # Inside the key check: unauthenticated requests are neither counted nor traced.
+    observability = Observability.create(app, cfg)
+    app.add_middleware(ApiKeyMiddleware, authenticators=authenticators,
+                       extra_public=frozenset({"/metrics"}) if cfg.metrics.open else frozenset())
     return app

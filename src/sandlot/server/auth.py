@@ -27,9 +27,11 @@ PUBLIC_PATHS = frozenset({"/health", "/version"})
 
 
 class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, authenticators: Sequence[Authenticator]):
+    def __init__(self, app: ASGIApp, authenticators: Sequence[Authenticator],
+                 extra_public: frozenset[str] = frozenset()):
         self.app = app
         self.authenticators = authenticators  # read per request: plug-ins may be added later
+        self.public = PUBLIC_PATHS | extra_public  # e.g. /metrics with [metrics] open
 
     async def _principal(self, scope: Scope) -> Principal | None:
         if not self.authenticators:
@@ -54,7 +56,7 @@ class ApiKeyMiddleware:
             await send(message)
 
         principal = await self._principal(scope)
-        if principal is None and scope["path"] not in PUBLIC_PATHS:
+        if principal is None and scope["path"] not in self.public:
             await _refuse(scope, send, send_with_id, headers.get(API_KEY_HEADER))
             return
         with acting_as(principal or ANONYMOUS):  # public paths: a principal that sees nothing

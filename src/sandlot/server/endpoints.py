@@ -26,6 +26,15 @@ def _nodelay(transport: asyncio.BaseTransport) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+class Tally:
+    """A running byte count (read by ``/metrics``)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
 class _Relay(asyncio.Protocol):
     """One direction's receiver: what ``own`` receives is written straight to ``peer``.
 
@@ -35,7 +44,8 @@ class _Relay(asyncio.Protocol):
     (the peer sends faster than this side takes), reading from ``peer`` pauses.
     """
 
-    def __init__(self, done: asyncio.Future[None]) -> None:
+    def __init__(self, done: asyncio.Future[None], tally: Tally) -> None:
+        self.tally = tally  # bytes received on ``own``
         self.own: asyncio.Transport | None = None
         self.peer: asyncio.Transport | None = None
         self.partner: _Relay | None = None
@@ -51,6 +61,7 @@ class _Relay(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_active = asyncio.get_running_loop().time()
+        self.tally.n += len(data)
         if self.peer is None:
             self.early.append(data)
         else:
@@ -97,7 +108,7 @@ class _Accepted(_Relay):
     """The client side of a forwarded connection; its task connects the upstream."""
 
     def __init__(self, forwarder: EndpointForwarder, sandbox_id: str, port: int) -> None:
-        super().__init__(asyncio.get_running_loop().create_future())
+        super().__init__(asyncio.get_running_loop().create_future(), forwarder.bytes_in)
         self.forwarder = forwarder
         self.sandbox_id = sandbox_id
         self.port = port
@@ -131,6 +142,8 @@ class EndpointForwarder:
         self._ports: dict[tuple[str, int], int] = {}
         self._conns: dict[str, set[asyncio.Task[None]]] = {}
         self._lock = asyncio.Lock()
+        self.bytes_in = Tally()  # from clients into sandboxes
+        self.bytes_out = Tally()  # from sandboxes back to clients
 
     def port_of(self, sandbox_id: str, port: int) -> int | None:
         return self._ports.get((sandbox_id, port))
@@ -180,7 +193,7 @@ class EndpointForwarder:
             upstream = await self._connect_soon(sandbox_id, port)
             if upstream is None:
                 return
-            up_relay = _Relay(client.done)
+            up_relay = _Relay(client.done, self.bytes_out)
             try:
                 await asyncio.get_running_loop().create_connection(lambda: up_relay,
                                                                    sock=upstream)

@@ -11,7 +11,7 @@ import sys
 
 import uvicorn
 
-from sandlot import datadir
+from sandlot import datadir, logsetup
 from sandlot.config import API_KEY_ENV, Config
 from sandlot.errors import SandlotError
 from sandlot.runtime.base import Runtime
@@ -120,7 +120,7 @@ async def _serve(cfg: Config) -> int:
                 http="httptools",
                 ws="websockets",
                 lifespan="on",
-                log_level="info",
+                log_config=None,  # logsetup.configure did it, from [log]
                 timeout_graceful_shutdown=5,
             )
         )
@@ -143,8 +143,11 @@ def _after_shutdown(signum: int, frame: object) -> None:
 
 def run_server(cfg: Config) -> int:
     """Entry point of ``sandlot serve``; returns the process exit status."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request
+    try:
+        logsetup.configure(cfg.log)
+    except (ValueError, OSError) as exc:
+        print(f"sandlot serve: {exc}", file=sys.stderr)
+        return 2
     try:
         check_config(cfg)
     except StartupRefused as exc:

@@ -52,6 +52,8 @@ async def reconcile(svc: SandboxService) -> None:
             )
         elif rec.state in _LIVE_STATES:
             info = await svc.runtime.inspect(rec.id)
+            if info.state in (ContainerState.RUNNING, ContainerState.PAUSED):
+                svc.observers.recovered(rec)
             if info.state == ContainerState.RUNNING:
                 if rec.state != SandboxState.RUNNING:
                     await svc.set_state(

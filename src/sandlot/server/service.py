@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sandlot.config import Config
+from sandlot.config import Config, TracingConfig
 from sandlot.errors import (
     Conflict,
     ImageNotFound,
@@ -39,6 +39,7 @@ from sandlot.runtime.base import (
     ContainerInfo,
     ContainerState,
     ImageRef,
+    Progress,
     RegistryAuth,
     Runtime,
     SandboxSpec,
@@ -50,6 +51,7 @@ from sandlot.server.endpoints import EndpointForwarder
 from sandlot.server.expiry import ExpiryScheduler
 from sandlot.server.labels import check_metadata, is_reserved
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
+from sandlot.server.observers import Observers
 from sandlot.server.pools import POOL_REF, PoolService
 from sandlot.server.quantity import parse_ephemeral_storage
 from sandlot.server.snapshots import SnapshotService
@@ -57,6 +59,7 @@ from sandlot.server.store import SandboxStore
 from sandlot.server.tenancy import principal as tenancy
 from sandlot.server.tenancy.quotas import check_quota
 from sandlot.server.tokens import ExecdTokens
+from sandlot.server.tracing import Tracing
 from sandlot.server.volume_checks import check_volumes
 
 if TYPE_CHECKING:
@@ -127,6 +130,9 @@ class SandboxService:
         # Creates still waiting to answer, and why one of them failed meanwhile.
         self._answer_pending: set[str] = set()
         self._create_errors: dict[str, SandlotError] = {}
+        # Diagnostics and metrics follow the lifecycle through these (observers.py).
+        self.observers = Observers()
+        self.tracing = Tracing(TracingConfig())  # create spans: off until the app sets its own
 
     # ----- start-up and shutdown -------------------------------------------------------
 
@@ -219,6 +225,13 @@ class SandboxService:
     # ----- create ----------------------------------------------------------------------
 
     async def create(self, req: CreateSandboxRequest) -> SandboxRecord:
+        with self.tracing.tracer.start_as_current_span("sandbox.create") as span:
+            rec = await self._create(req)
+            span.set_attribute("sandlot.sandbox_id", rec.id)
+            span.set_attribute("sandlot.state", rec.state.value)
+            return rec
+
+    async def _create(self, req: CreateSandboxRequest) -> SandboxRecord:
         self._check_create(req)
         if req.network_policy is not None:
             parse_policy(req.network_policy)  # 400 naming the invalid rule
@@ -288,6 +301,7 @@ class SandboxService:
             else None
         )
         self._records[rec.id] = rec
+        self.observers.transitioned(rec, SandboxState.PENDING)
         self.expiry.schedule(rec.id, rec.expires_at)
         if pool_name is not None and self.pools is not None:
             try:
@@ -432,6 +446,7 @@ class SandboxService:
         async def progress(step: str, detail: str) -> None:
             # The runtime names its step; clients see the reference's Pending reason, with
             # the step in the message.
+            self.observers.step(rec, step, detail)
             if step == "Starting":
                 # In memory only: a crash now leaves the stored Pending record, which restart
                 # reconciliation resolves either way; one store write less per create.
@@ -442,7 +457,15 @@ class SandboxService:
             else:
                 await self.set_state(rec, SandboxState.PENDING, codes.STARTING, detail)
 
+        with self.tracing.tracer.start_as_current_span(
+                "sandbox.provision", attributes={"sandlot.sandbox_id": rec.id,
+                                                 "sandlot.image": rec.image_uri}):
+            await self._provision_traced(rec, parts, progress)
+
+    async def _provision_traced(self, rec: SandboxRecord, parts: dict[str, Any],
+                                progress: Progress) -> None:
         token = self.execd_token(rec)
+        tracer = self.tracing.tracer
         try:
             platform = rec.platform
             spec = SandboxSpec(
@@ -463,12 +486,15 @@ class SandboxService:
                 extensions=dict(rec.extensions),
                 snapshot_id=parts["snapshot_id"],
             )
-            created = await self.runtime.create(spec, progress)
+            with tracer.start_as_current_span("runtime.create",
+                                              attributes={"sandlot.runtime": self.runtime.name}):
+                created = await self.runtime.create(spec, progress)
             if not created.execd_ready:
                 port = self.cfg.execd.port
-                await execd_client.wait_ready(
-                    lambda: self.runtime.connect(rec.id, port), token, EXECD_READY_TIMEOUT
-                )
+                with tracer.start_as_current_span("execd.wait_ready"):
+                    await execd_client.wait_ready(
+                        lambda: self.runtime.connect(rec.id, port), token, EXECD_READY_TIMEOUT
+                    )
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -477,18 +503,20 @@ class SandboxService:
             await self._fail_provisioning(rec, _provisioning_error(rec.image_uri, exc))
             return
         if rec.state == SandboxState.PENDING:
-            rec.transition(SandboxState.RUNNING, codes.RUNNING, codes.RUNNING_MESSAGE)
+            self._transition(rec, SandboxState.RUNNING, codes.RUNNING, codes.RUNNING_MESSAGE)
             # The SDKs ask for these endpoints right after every create: open them now, beside
             # the state's write (the store commits writes that queue up together), so those
             # requests find them open and stored.
-            await asyncio.gather(
-                self.store.save(rec),
-                *(self.open_endpoint(rec.id, port)
-                  for port in (self.cfg.execd.port, SDK_EGRESS_PORT)),
-            )
+            with tracer.start_as_current_span("store.save_running"):
+                await asyncio.gather(
+                    self.store.save(rec),
+                    *(self.open_endpoint(rec.id, port)
+                      for port in (self.cfg.execd.port, SDK_EGRESS_PORT)),
+                )
 
     async def _fail_provisioning(self, rec: SandboxRecord, error: SandlotError) -> None:
         # Leave nothing behind: the record stays (Failed, with why), the container goes.
+        await self.observers.before_delete(rec)
         with contextlib.suppress(Exception):
             await self.runtime.delete(rec.id)
         if rec.state == SandboxState.PENDING:
@@ -507,8 +535,16 @@ class SandboxService:
         self, rec: SandboxRecord, state: SandboxState, reason: str | None, message: str | None
     ) -> None:
         """Move ``rec`` to ``state`` and store it (also used by restart reconciliation)."""
-        rec.transition(state, reason, message)
+        self._transition(rec, state, reason, message)
         await self.store.save(rec)
+
+    def _transition(
+        self, rec: SandboxRecord, state: SandboxState, reason: str | None, message: str | None
+    ) -> None:
+        before = rec.state
+        rec.transition(state, reason, message)
+        if before != state:
+            self.observers.transitioned(rec, before)
 
     async def container_changed(self, sandbox_id: str, info: ContainerInfo) -> None:
         """The runtime saw a live sandbox's container stop or vanish: it is Failed now."""
@@ -520,10 +556,12 @@ class SandboxService:
             if rec.state not in _WATCHED_STATES:
                 return  # deleted or changed meanwhile
             await self.forwarder.close_sandbox(sandbox_id)
+            self.observers.container_ended(rec, info)
             if info.state == ContainerState.MISSING:
                 await self.set_state(rec, SandboxState.FAILED, codes.EXITED_ERROR,
                                      "Sandbox container no longer exists in the runtime.")
                 return
+            await self.observers.before_delete(rec)
             with contextlib.suppress(Exception):
                 await self.runtime.delete(sandbox_id)
             # The reference's reason and messages, as restart reconciliation writes them.
@@ -551,6 +589,7 @@ class SandboxService:
         """Delete the container, then the record; a failed delete leaves it Failed."""
         self.expiry.cancel(rec.id)
         await self.forwarder.close_sandbox(rec.id)
+        await self.observers.before_delete(rec)
         try:
             await self.runtime.delete(rec.id)
         except Exception as exc:
@@ -558,7 +597,7 @@ class SandboxService:
             message = f"Failed to delete sandbox container: {exc}"
             await self.set_state(rec, SandboxState.FAILED, codes.EXITED_ERROR, message)
             raise RuntimeFailure(message, code=codes.SANDBOX_DELETE_FAILED) from exc
-        rec.transition(SandboxState.TERMINATED, reason, "sandbox terminated")
+        self._transition(rec, SandboxState.TERMINATED, reason, "sandbox terminated")
         await self.store.delete(rec.id)
         self._records.pop(rec.id, None)
         self._locks.pop(rec.id, None)
@@ -578,6 +617,7 @@ class SandboxService:
         if rec.expires_at > utcnow():  # renewed meanwhile, or the timer ran a hair early
             self.expiry.schedule(sandbox_id, rec.expires_at)
             return
+        self.observers.expiring(rec)
         try:
             with tenancy.acting_as(tenancy.SYSTEM):  # whoever's request armed the timer
                 await self.delete(sandbox_id, reason="ttl_expiry")
@@ -790,6 +830,7 @@ class SandboxService:
             rec.network_policy = policy.to_json()
             rec.updated_at = utcnow()
             await self.store.save(rec)
+            self.observers.policy_changed(rec)
         return policy
 
     def _egress_access(self, sandbox_id: str) -> egress_api.PolicyAccess | None:

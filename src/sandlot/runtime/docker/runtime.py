@@ -39,17 +39,19 @@ from sandlot.errors import (
     Unsupported,
 )
 from sandlot.images.model import Image
-from sandlot.runtime import execd_client
+from sandlot.runtime import cgroupstats, execd_client
 from sandlot.runtime.base import (
     ContainerInfo,
     ContainerState,
     CreateResult,
     ImageRef,
     Progress,
+    ResourceUsage,
     Runtime,
     RuntimeCapabilities,
     SandboxSpec,
     StateListener,
+    WarmPoolStats,
 )
 from sandlot.runtime.docker import images, warm
 from sandlot.runtime.docker.container import (
@@ -65,6 +67,7 @@ from sandlot.runtime.docker.engine import Engine
 from sandlot.runtime.docker.events import ContainerEvents
 from sandlot.runtime.docker.network import HostPortAllocator, NetworkKind, NetworkMode
 from sandlot.runtime.execd_bundle import ensure_bundle
+from sandlot.runtime.logtail import cut_to_line
 from sandlot.runtime.oci import pool
 from sandlot.runtime.oci.netns import NetnsConnector
 
@@ -371,6 +374,39 @@ class DockerRuntime(Runtime):
             raise ConnectionRefusedError(f"sandbox {sandbox_id}'s init has just exited")
         self._inits[sandbox_id] = (info.pid, started)
         return info.pid
+
+    # -- diagnostics --------------------------------------------------------------------
+
+    async def usage(self, sandbox_id: str) -> ResourceUsage | None:
+        _check_id(sandbox_id)
+        try:
+            pid = await self._init_pid(sandbox_id)
+        except (NotFound, ConnectionRefusedError):
+            return None
+        # The container's cgroup on this host: cheaper than the engine's stats call (which
+        # samples for a second) and it has the OOM-kill count the engine does not report.
+        return await asyncio.to_thread(cgroupstats.usage_of_pid, pid)
+
+    async def init_log(self, sandbox_id: str, max_bytes: int) -> tuple[bytes, bool] | None:
+        _check_id(sandbox_id)
+        try:
+            data: bytes = await self.engine.call(
+                self.engine.api.logs, container_name(sandbox_id), stdout=True, stderr=True,
+                tail=2000)
+        except DockerNotFound:
+            return None
+        except DockerException as exc:
+            raise RuntimeFailure(f"the Docker engine cannot read the logs of {sandbox_id}: "
+                                 f"{_explain(exc)}") from exc
+        cut = len(data) > max_bytes
+        return cut_to_line(data[-max_bytes:], cut), cut
+
+    def warm_pools(self) -> dict[str, WarmPoolStats]:
+        found = {"": self.pool.stats()}
+        return found
+
+    def diagnostic_ids(self, sandbox_id: str) -> dict[str, str]:
+        return {"containerName": container_name(sandbox_id)}
 
     # -- warm pool ----------------------------------------------------------------------
 

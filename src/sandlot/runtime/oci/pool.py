@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sandlot.images.model import Image
+from sandlot.runtime.base import WarmPoolStats
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,8 @@ class WarmPool:
         self._discard = discard
         self._images: dict[str, Image] = {}
         self._ready: dict[str, list[Warm]] = {}
+        self.claims = 0  # creates served from the pool
+        self.misses = 0  # creates of a pooled image that found no ready container
         self._parallel = max(1, parallel)
         self._fills: dict[str, list[asyncio.Task[None]]] = {}
         self._making: dict[str, int] = {}  # warm containers of each image being started
@@ -133,10 +136,17 @@ class WarmPool:
             if w.image_id == image.id:
                 del ready[i]
                 self._kick_soon(image.name)
+                self.claims += 1
                 return w
+        self.misses += 1
         if image.name in self._images:
             self._kick(image.name)
         return None
+
+    def stats(self) -> WarmPoolStats:
+        """Ready containers now, and claims/misses so far (``/metrics``)."""
+        ready = sum(len(ws) for ws in self._ready.values())
+        return WarmPoolStats(ready=ready, claims=self.claims, misses=self.misses)
 
     def ready_count(self, name: str) -> int:
         return len(self._ready.get(name, []))

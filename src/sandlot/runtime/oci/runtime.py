@@ -43,19 +43,22 @@ from sandlot.errors import (
 )
 from sandlot.images.model import Image, ImageConfig, RegistryAuth
 from sandlot.net.manager import NetworkManager
-from sandlot.runtime import execd_client
+from sandlot.runtime import cgroupstats, execd_client
 from sandlot.runtime.base import (
     ContainerInfo,
     ContainerState,
     CreateResult,
     ImageRef,
     Progress,
+    ResourceUsage,
     Runtime,
     RuntimeCapabilities,
     SandboxSpec,
     VolumeSpec,
+    WarmPoolStats,
 )
 from sandlot.runtime.execd_bundle import ExecdBundle, ensure_bundle
+from sandlot.runtime.logtail import tail_file
 from sandlot.runtime.oci import (
     cgroups,
     claimops,
@@ -655,6 +658,28 @@ class OciRuntime(Runtime):
 
     def _execd_connect(self, container_id: str) -> execd_client.Connect:
         return lambda: self._connect_container(container_id, self.execd_port)
+
+    async def usage(self, sandbox_id: str) -> ResourceUsage | None:
+        _check_id(sandbox_id)
+        path = cgroups.cgroups_path(self.container_id(sandbox_id))
+        return await asyncio.to_thread(cgroupstats.usage_of_path, path)
+
+    async def init_log(self, sandbox_id: str, max_bytes: int) -> tuple[bytes, bool] | None:
+        _check_id(sandbox_id)
+        # runc's stdio file in the sandbox's host folder: written through a descriptor the
+        # container holds, never a path the sandbox can change.
+        return await asyncio.to_thread(tail_file, self.paths(sandbox_id).container_log,
+                                       max_bytes)
+
+    def warm_pools(self) -> dict[str, WarmPoolStats]:
+        found = {"": self.pool.stats()}
+        found.update({name: keeper.stats() for name, (keeper, _) in self.named_pools.items()})
+        return found
+
+    def diagnostic_ids(self, sandbox_id: str) -> dict[str, str]:
+        cid = self.container_id(sandbox_id)
+        return {"containerId": cid, "ociRuntime": self.binary.isolation,
+                "cgroupsPath": cgroups.cgroups_path(cid), "netns": netns_name(cid)}
 
     async def close(self) -> None:
         """Stop refilling and delete the unclaimed warm containers (a start re-creates them)."""

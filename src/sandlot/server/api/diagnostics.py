@@ -1,25 +1,78 @@
-"""Diagnostic API routes (diagnostic-api.yml): not offered yet, and saying so.
+"""Diagnostic API routes (diagnostic-api.yml) and the deprecated DevOps plain-text ones.
 
-Without these routes a client would get a plain 404, which ``osb diagnostics``/``osb devops``
-report as "sandbox not found". The reference server answers requests it does not implement
-with 501 ``DIAGNOSTICS_NOT_IMPLEMENTED``; sandlot does the same for every diagnostics route,
-after the usual 404 for an unknown sandbox.
+With ``scope``: the JSON descriptor of the spec, delivered inline. Without it: the plain
+text the reference's DevOps routes answer (``osb devops logs/events``), marked
+``Deprecation: true`` as there; ``inspect`` and ``summary`` are plain text only. The work is
+``DiagnosticsService``'s (``sandlot.server.diagnostics``).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Any
 
-from sandlot.errors import Unsupported
-from sandlot.server import codes
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from sandlot.server.diagnostics import CONTENT_TYPE, Content, DiagnosticsService
 
 router = APIRouter()
 
 
-@router.get("/sandboxes/{sandbox_id}/diagnostics/{kind}")
-async def diagnostics(request: Request, sandbox_id: str, kind: str) -> None:
-    request.app.state.service.get(sandbox_id)
-    raise Unsupported(
-        f"The diagnostics API ({kind}) is not offered by this server yet.",
-        code=codes.DIAGNOSTICS_NOT_IMPLEMENTED,
-    )
+def _diagnostics(request: Request) -> DiagnosticsService:
+    found: DiagnosticsService = request.app.state.diagnostics
+    return found
+
+
+def _descriptor(sandbox_id: str, kind: str, scope: str, content: Content) -> JSONResponse:
+    body: dict[str, Any] = {
+        "sandboxId": sandbox_id, "kind": kind, "scope": scope, "delivery": "inline",
+        "contentType": CONTENT_TYPE, "content": content.text,
+        "contentLength": len(content.text.encode()), "truncated": content.truncated,
+    }
+    if content.warnings:
+        body["warnings"] = content.warnings
+    return JSONResponse(body)
+
+
+def _deprecated(text: str) -> PlainTextResponse:
+    return PlainTextResponse(text, headers={"Deprecation": "true"})
+
+
+@router.get("/sandboxes/{sandbox_id}/diagnostics/context")
+async def diagnostic_context(request: Request, sandbox_id: str) -> dict[str, Any]:
+    return await _diagnostics(request).context(sandbox_id)
+
+
+@router.get("/sandboxes/{sandbox_id}/diagnostics/logs", response_model=None)
+async def diagnostic_logs(
+    request: Request, sandbox_id: str, scope: str | None = None,
+    tail: int = Query(100, ge=1, le=10000), since: str | None = None,
+) -> JSONResponse | PlainTextResponse:
+    diagnostics = _diagnostics(request)
+    if scope is None:
+        return _deprecated(await diagnostics.legacy_logs(sandbox_id, tail, since))
+    return _descriptor(sandbox_id, "logs", scope, await diagnostics.logs(sandbox_id, scope))
+
+
+@router.get("/sandboxes/{sandbox_id}/diagnostics/events", response_model=None)
+async def diagnostic_events(
+    request: Request, sandbox_id: str, scope: str | None = None,
+    limit: int = Query(50, ge=1, le=500),
+) -> JSONResponse | PlainTextResponse:
+    diagnostics = _diagnostics(request)
+    if scope is None:
+        return _deprecated(await diagnostics.legacy_events(sandbox_id, limit))
+    return _descriptor(sandbox_id, "events", scope, await diagnostics.events(sandbox_id, scope))
+
+
+@router.get("/sandboxes/{sandbox_id}/diagnostics/inspect")
+async def diagnostic_inspect(request: Request, sandbox_id: str) -> PlainTextResponse:
+    return PlainTextResponse(await _diagnostics(request).inspect(sandbox_id))
+
+
+@router.get("/sandboxes/{sandbox_id}/diagnostics/summary")
+async def diagnostic_summary(
+    request: Request, sandbox_id: str, tail: int = Query(50, ge=1, le=10000),
+    event_limit: int = Query(20, ge=1, le=500),
+) -> PlainTextResponse:
+    return PlainTextResponse(await _diagnostics(request).summary(sandbox_id, tail, event_limit))

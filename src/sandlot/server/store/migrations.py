@@ -44,12 +44,18 @@ def _v5_owners(conn: Connection) -> None:
             conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN owner VARCHAR(128)"))
 
 
+def _v6_diagnostics(conn: Connection) -> None:
+    """Diagnostic events and the last logs of ended sandboxes (diagnostics.py)."""
+    tables.sandbox_events.create(conn, checkfirst=True)
+    tables.sandbox_final_logs.create(conn, checkfirst=True)
+
+
 # Key of the PostgreSQL advisory lock held while migrating (any fixed 64-bit number).
 _PG_MIGRATION_LOCK = 0x53414E444C4F54  # "SANDLOT"
 
 # Append only. Index + 1 is the version number.
 MIGRATIONS: list[Callable[[Connection], None]] = [
-    _v1_initial, _v2_snapshots, _v3_pools, _v4_templates, _v5_owners,
+    _v1_initial, _v2_snapshots, _v3_pools, _v4_templates, _v5_owners, _v6_diagnostics,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -260,6 +260,15 @@ class SandboxStore:
 
         await self._writes.run(write)
 
+    async def write(self, write: Write) -> None:
+        """Run ``write`` in the ordered, group-committed queue (for the other record stores
+        whose writes ride along with the sandboxes', e.g. diagnostic events)."""
+        await self._writes.run(write)
+
+    async def flush(self) -> None:
+        """Wait until every write queued so far is committed."""
+        await self._writes.flush()
+
     async def endpoint_ports(self) -> dict[tuple[str, int], int]:
         async with self._engine.connect() as conn:
             rows = (await conn.execute(select(tables.endpoints))).all()

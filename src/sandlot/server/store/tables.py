@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Column, Float, Integer, MetaData, String, Table, Text
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
 
 metadata = MetaData()
 
@@ -75,4 +86,28 @@ templates = Table(
     metadata,
     Column("id", String(64), primary_key=True),
     Column("record", JSON, nullable=False),  # the whole TemplateRecord (small, read at start)
+)
+
+# Diagnostic events of sandboxes, kept past their end for [diagnostics] retention_seconds.
+sandbox_events = Table(
+    "sandbox_events",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("sandbox_id", String(64), nullable=False),
+    Column("at", Float, nullable=False),
+    Column("level", String(16), nullable=False),  # Normal | Warning
+    Column("kind", String(64), nullable=False),  # StateChanged, Pulled, OOMKilled, ...
+    Column("message", Text, nullable=False),
+    Column("owner", String(128)),  # the sandbox's tenant (None: the default tenant's)
+    Index("ix_sandbox_events_sandbox", "sandbox_id", "seq"),
+)
+
+# The last container and entrypoint output of an ended sandbox (its files are gone with it).
+sandbox_final_logs = Table(
+    "sandbox_final_logs",
+    metadata,
+    Column("sandbox_id", String(64), primary_key=True),
+    Column("captured_at", Float, nullable=False),
+    Column("content", Text, nullable=False),
+    Column("truncated", Boolean, nullable=False),
 )
