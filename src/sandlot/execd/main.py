@@ -91,9 +91,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         help="a warm-pool execd: serve POST /_sandlot/claim once; the entrypoint comes with it",
     )
     parser.add_argument(
-        "--keep-alive-timeout", type=float, default=5.0,
-        help="seconds an idle HTTP connection is kept before execd closes it (under gVisor "
-             "the host sets it long: the closing side keeps TIME_WAIT, which blocks hibernation)",
+        "--keep-alive-timeout", type=float, default=75.0,
+        help="seconds an idle HTTP connection is kept before execd closes it: longer than "
+             "clients keep idle connections for reuse (the released SDKs 30 s, the server "
+             "proxy 20 s), or a request sent as execd closes fails (under gVisor the host sets "
+             "it longer: the closing side keeps TIME_WAIT, which blocks hibernation)",
     )
     parser.add_argument(
         "--interrupt-grace", type=float, default=3.0, help="seconds between SIGINT/SIGTERM/SIGKILL"
