@@ -23,7 +23,10 @@ from sandlot.execd import protocol
 PRIVATE_ENV = "SANDLOT_EXECD_PRIVATE_ENV"
 TOKEN_ENV = "SANDLOT_EXECD_TOKEN"
 DEFAULT_PORT = protocol.DEFAULT_PORT
-KEEP_ALIVE_SECONDS = 75  # see the uvicorn Config below
+KEEP_ALIVE_SECONDS = 75.0  # see --keep-alive-timeout
+# Slow clients (sandlot.http_deadlines): the request head within 10 s, body pauses <= 60 s.
+HEADER_TIMEOUT = 10.0
+BODY_IDLE_TIMEOUT = 60.0
 
 
 def scrub_environment(environ: Any = None) -> str | None:
@@ -91,7 +94,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         help="a warm-pool execd: serve POST /_sandlot/claim once; the entrypoint comes with it",
     )
     parser.add_argument(
-        "--keep-alive-timeout", type=float, default=75.0,
+        "--keep-alive-timeout", type=float, default=KEEP_ALIVE_SECONDS,
         help="seconds an idle HTTP connection is kept before execd closes it: longer than "
              "clients keep idle connections for reuse (the released SDKs 30 s, the server "
              "proxy 20 s), or a request sent as execd closes fails (under gVisor the host sets "
@@ -211,9 +214,12 @@ async def _serve(
         extensions.append(ClaimExtension(settings, on_claim))
     app = build_app(settings, extensions=extensions)
     config_cls, server_cls = _uvicorn()
+    from sandlot.http_deadlines import deadline_protocol  # after _uvicorn(): imports uvicorn
+
     _configure_logging(ns.log_level)
     config = config_cls(
         app,
+        http=deadline_protocol(HEADER_TIMEOUT, BODY_IDLE_TIMEOUT),
         log_config=None,  # see _configure_logging
         log_level=ns.log_level,
         access_log=False,
