@@ -2,7 +2,8 @@
 
 ``sandlot.http_deadlines`` under a real uvicorn (short deadlines; plain uvicorn beside it as
 the baseline that keeps such clients), then wired into the real ``sandlot serve`` (API) and
-into execd behind a sandbox's direct endpoint (default deadlines: 10 s for a request head).
+into execd behind a sandbox's direct endpoint (default deadlines: a request head within 10 s
+on the API, 30 s on execd).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ async def _closed_by_server(reader: asyncio.StreamReader, timeout: float = CLOSE
         while True:
             if not await asyncio.wait_for(reader.read(4096), timeout):
                 return True
-    except (TimeoutError, asyncio.TimeoutError):
+    except TimeoutError:
         return False
     except ConnectionError:
         return True

@@ -24,8 +24,10 @@ PRIVATE_ENV = "SANDLOT_EXECD_PRIVATE_ENV"
 TOKEN_ENV = "SANDLOT_EXECD_TOKEN"
 DEFAULT_PORT = protocol.DEFAULT_PORT
 KEEP_ALIVE_SECONDS = 75.0  # see --keep-alive-timeout
-# Slow clients (sandlot.http_deadlines): the request head within 10 s, body pauses <= 60 s.
-HEADER_TIMEOUT = 10.0
+# Slow clients (sandlot.http_deadlines): the request head within 30 s, body pauses <= 60 s
+# (generous: execd may run throttled to a fraction of a CPU; the host listener in front of
+# it closes connections idle for endpoint_idle_timeout_seconds anyway).
+HEADER_TIMEOUT = 30.0
 BODY_IDLE_TIMEOUT = 60.0
 
 
