@@ -46,6 +46,18 @@ class ServerConfig(_Section):
     max_endpoints_per_sandbox: int = Field(default=32, ge=1)
     max_connections_per_sandbox: int = Field(default=1024, ge=1)
     endpoint_idle_timeout_seconds: float = Field(default=300.0, gt=0)
+    # Slow clients of the API (and, fixed, of execd): the request head must arrive within
+    # header_timeout_seconds of the connection (or of a kept-alive request's first byte); a
+    # request body may pause at most body_idle_timeout_seconds (sandlot.http_deadlines).
+    header_timeout_seconds: float = Field(default=10.0, gt=0)
+    body_idle_timeout_seconds: float = Field(default=60.0, gt=0)
+    # The reference server's uvicorn keys. Keep-alive is 75 s (the reference: 30), longer
+    # than the released SDKs keep idle connections for reuse (30 s), so the server never
+    # closes a connection a client is about to send on. limit_concurrency: connections and
+    # tasks at once before uvicorn answers 503 (0: no cap).
+    timeout_keep_alive: int = Field(default=75, ge=1)
+    limit_concurrency: int = Field(default=1024, ge=0)
+    backlog: int = Field(default=2048, ge=1)
 
 
 class RuntimeConfig(_Section):

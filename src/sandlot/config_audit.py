@@ -40,8 +40,7 @@ _NO_SIDECAR = "sandlot runs no egress sidecar"
 UPSTREAM: dict[str, dict[str, Rule]] = {
     "server": {
         k: Rule(False, why="uvicorn tuning of the reference server")
-        for k in ("timeout_keep_alive", "limit_concurrency", "backlog", "thread_pool_size",
-                  "loop", "http", "eip")
+        for k in ("thread_pool_size", "loop", "http", "eip")
     },
     "runtime": {"execd_image": Rule(False, why="sandlot bind-mounts its own execd")},
     "store": {"type": Rule(False, inert=("sqlite",)),

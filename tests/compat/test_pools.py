@@ -60,7 +60,8 @@ async def test_pool_serves_refills_and_survives_restart(fresh_server: SandlotSer
         r = c.post("/v1/pools", json=POOL)
         assert r.status_code == 201, r.text
         assert r.json()["capacitySpec"]["bufferMax"] == 3
-        assert c.post("/v1/pools", json=POOL).status_code == 409
+        r = c.post("/v1/pools", json=POOL)
+        assert r.status_code == 409 and r.json()["code"] == "KUBERNETES::POOL_ALREADY_EXISTS"
         bad = {**POOL, "name": "bad", "template": {"spec": {"containers": [
             {"image": COMPAT_IMAGE, "securityContext": {"privileged": True}}]}}}
         r = c.post("/v1/pools", json=bad)
@@ -109,6 +110,7 @@ async def test_pool_serves_refills_and_survives_restart(fresh_server: SandlotSer
                                                             "bufferMax": 1}})
         assert r.status_code == 200 and r.json()["status"]["revision"] == "2"
         assert c.delete("/v1/pools/trio").status_code == 204
-        assert c.get("/v1/pools/trio").status_code == 404
+        r = c.get("/v1/pools/trio")
+        assert r.status_code == 404 and r.json()["code"] == "KUBERNETES::POOL_NOT_FOUND"
         r = c.post("/v1/sandboxes", json=POOLED)
         assert r.status_code == 404

@@ -384,3 +384,39 @@ def test_session_env_dump_keeps_what_the_reference_persists() -> None:
                      "EMPTY": ""}.items()
     ) + b"\0bad name=1\0"
     assert parse_env_dump(dump) == {"KEEP": "a=b\nc", "EMPTY": ""}
+
+
+async def test_journals_are_capped_and_keep_offsets(tmp_path: Path) -> None:
+    """Issue 11: an execution's journals drop their oldest part past the cap; event ids
+    (offsets) and line numbers keep their meaning, and readers skip what was dropped."""
+    cap = 4096
+    j = EventJournal(str(tmp_path / "j"), max_bytes=cap)
+    log = OutputLog(str(tmp_path / "log"), max_bytes=cap)
+    ids = []
+    for i in range(2000):
+        ids.append(j.append({"type": "stdout", "text": f"line-{i}"}))
+        log.write(f"line-{i}\n".encode())
+    on_disk = sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert on_disk <= 2 * (cap + 64), sorted(p.name for p in tmp_path.iterdir())
+    assert j.size > 10 * cap and log.lines == 2000  # logical sizes go on
+    j.close()
+    log.seal()
+
+    frames = [f async for f in j.follow(0, sse_frames=True)]
+    events = [ln for f in frames for ln in f.decode().split("\n") if ln.startswith("id: ")]
+    kept = [int(e[4:]) for e in events]
+    assert kept and kept[0] == j.floor and kept[-1] == ids[-1]
+    assert set(kept) <= set(ids)  # ids are still the events' own offsets
+    # Resume after an event still kept: the next one; after a dropped one: the oldest kept.
+    assert j.resume_offset(str(kept[1])) == kept[2]
+    assert j.resume_offset(str(ids[0])) == j.floor
+
+    start, end, total = log.read_from_line(1990, finished=True)
+    text = b"".join([c async for c in log.iter_range(start, end)]).decode()
+    assert text == "".join(f"line-{i}\n" for i in range(1990, 2000)) and total == 2000
+    start, end, _ = log.read_from_line(0, finished=True)  # long dropped: the oldest kept on
+    text = b"".join([c async for c in log.iter_range(start, end)]).decode()
+    assert text.endswith("line-1999\n") and len(text) <= cap + 64
+    j.discard()
+    log.discard()
+    assert list(tmp_path.iterdir()) == []

@@ -273,7 +273,7 @@ async def test_error_shapes(harness: Harness, client: httpx.AsyncClient) -> None
         r = await client.post("/v1/sandboxes", json={**BODY, "snapshotId": "snap-1"})
         assert r.status_code == 422 and "snapshotId" in r.json()["message"]
     else:
-        assert r.status_code == 501 and r.json()["code"] == "NOT_SUPPORTED"
+        assert r.status_code == 501 and r.json()["code"] == "SNAPSHOT::NOT_IMPLEMENTED"
         r = await client.post("/v1/sandboxes/x/snapshots", json={})
         assert r.status_code == 501 and "snapshot" in r.json()["message"]
         r = await client.get("/v1/snapshots")
@@ -284,8 +284,12 @@ async def test_error_shapes(harness: Harness, client: httpx.AsyncClient) -> None
         r = await client.post("/v1/sandboxes", json={"extensions": {"poolRef": "none"},
                                                      "entrypoint": ["x"]})
         assert r.status_code == 404 and "pool" in r.json()["message"]
-    else:
+        assert r.json()["code"] == "KUBERNETES::POOL_NOT_FOUND"
+    else:  # the reference's answers on its single-host server
         assert r.status_code == 501 and "pools" in r.json()["message"]
+        assert r.json()["code"] == "KUBERNETES::POOL_NOT_SUPPORTED"
+        r = await client.post("/v1/sandboxes", json={**BODY, "extensions": {"poolRef": "p"}})
+        assert r.status_code == 400 and r.json()["code"] == "SANDBOX::UNSUPPORTED_POOL_REF"
     vols = [{"name": "v", "host": {"path": "/srv"}, "mountPath": "/d"}]
     r = await client.post("/v1/sandboxes", json={**BODY, "volumes": vols})
     if "host" in harness.runtime.capabilities.volume_kinds:

@@ -224,7 +224,8 @@ class CommandService:
         init_id: str | None = None,
     ) -> Execution:
         ex = Execution(uuid.uuid4().hex, content, self.state_dir, background=background,
-                       files=self._spare_files, session_lines=session_lines, init_id=init_id)
+                       files=self._spare_files, session_lines=session_lines, init_id=init_id,
+                       max_journal_bytes=self.settings.max_journal_bytes)
         self.executions[ex.id] = ex
         return ex
 

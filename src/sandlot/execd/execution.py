@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sandlot.execd import sse
-from sandlot.execd.journal import EventJournal, OutputLog
+from sandlot.execd.journal import DEFAULT_MAX_BYTES, EventJournal, OutputLog
 from sandlot.execd.lines import LineFramer
 from sandlot.execd.sparefiles import SpareFiles
 
@@ -46,7 +46,7 @@ class Execution:
     def __init__(
         self, exec_id: str, content: str, state_dir: str, *, background: bool,
         files: SpareFiles | None = None, session_lines: bool = False,
-        init_id: str | None = None,
+        init_id: str | None = None, max_journal_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         """``session_lines``: frame output as the reference frames session runs (see
         ``lines``); ``init_id``: the id the init event carries (a session run's is the
@@ -66,8 +66,8 @@ class Execution:
         else:
             journal_path = os.path.join(state_dir, f"{exec_id}.events")
             log_path = os.path.join(state_dir, f"{exec_id}.log")
-        self.journal = EventJournal(journal_path)
-        self.log = OutputLog(log_path)
+        self.journal = EventJournal(journal_path, max_journal_bytes)
+        self.log = OutputLog(log_path, max_journal_bytes)
         self._framers = {
             "stdout": LineFramer(session=session_lines),
             "stderr": LineFramer(session=session_lines),

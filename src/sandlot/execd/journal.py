@@ -13,27 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 from sandlot.execd import sse
+from sandlot.execd.segments import SegmentedFile, SegmentReader
 
 READ_BLOCK = 256 * 1024
 INDEX_EVERY = 1024
-
-
-def _write_all(fd: int, data: bytes, offset: int) -> None:
-    """``pwrite`` all of ``data`` at ``offset`` (a short write is possible on a full disk)."""
-    written = os.pwrite(fd, data, offset)
-    if written < len(data):
-        view = memoryview(data)
-        while written < len(data):
-            n = os.pwrite(fd, view[written:], offset + written)
-            if n <= 0:
-                raise OSError("short write to journal")
-            written += n
+# Each journal of an execution (events, raw output) keeps at most about this much on disk:
+# past it the oldest output is dropped (see segments.py).
+DEFAULT_MAX_BYTES = 64 << 20
 
 
 class _Signal:
@@ -71,13 +61,21 @@ def _time_out(fut: asyncio.Future[bool]) -> None:
 class EventJournal:
     """Append-only file of one-line JSON events; readers follow it until it is closed."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        self.size = 0
+        self._file = SegmentedFile(path, max_bytes // 2)
         self.closed = False
         self.discarded = False
         self._signal = _Signal()
+
+    @property
+    def size(self) -> int:
+        return self._file.size
+
+    @property
+    def floor(self) -> int:
+        """The first offset still stored (older events were dropped past the cap)."""
+        return self._file.floor
 
     def append(self, event: dict[str, Any]) -> int:
         """Write one event; returns its id (the offset of its line)."""
@@ -87,10 +85,7 @@ class EventJournal:
         """Write one event given as its one-line JSON (see ``sse.encode_output``)."""
         if self.closed:
             raise RuntimeError("journal closed")
-        offset = self.size
-        if os.pwritev(self._fd, (data, b"\n"), offset) != len(data) + 1:
-            _write_all(self._fd, data + b"\n", offset)  # short write: redo it whole
-        self.size += len(data) + 1
+        offset = self._file.append(data, b"\n")
         self._signal.fire()
         return offset
 
@@ -99,20 +94,14 @@ class EventJournal:
         (many finished executions are retained; each must not pin a descriptor)."""
         if not self.closed:
             self.closed = True
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            self._file.close()
             self._signal.fire()
 
     def discard(self) -> None:
         self.close()
         self.discarded = True
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        self._file.remove()
         self._signal.fire()
-
-    def _open_reader(self) -> int:
-        return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
 
     def resume_offset(self, last_event_id: str | None) -> int:
         """Where a reader that has seen ``last_event_id`` continues (0 for a new reader)."""
@@ -124,20 +113,19 @@ class EventJournal:
             return 0
         if seen < 0 or seen >= self.size:
             return self.size if seen >= self.size else 0
+        if seen < self.floor:  # dropped past the cap: continue with the oldest kept event
+            return self.floor
         # Skip the seen line itself.
         pos = seen
-        fd = self._open_reader()
-        try:
+        with self._file.reader() as reader:
             while pos < self.size:
-                block = os.pread(fd, min(READ_BLOCK, self.size - pos), pos)
+                block = reader.pread(min(READ_BLOCK, self.size - pos), pos)
                 if not block:
                     break
                 nl = block.find(b"\n")
                 if nl >= 0:
                     return pos + nl + 1
                 pos += len(block)
-        finally:
-            os.close(fd)
         return self.size
 
     async def follow(
@@ -151,16 +139,18 @@ class EventJournal:
 
         Keep-alives come from here rather than from ``sse.with_keepalive`` (a task per frame,
         most of the event plumbing of a short command)."""
-        try:
-            fd = self._open_reader()
-        except OSError:
-            return
+        reader = self._file.reader()
         pos = start
         pending = b""
         try:
             while not self.discarded:
+                if pos < self.floor:  # this reader fell behind past the cap: skip ahead
+                    pos, pending = self.floor, b""
                 if pos < self.size:
-                    block = os.pread(fd, min(READ_BLOCK, self.size - pos), pos)
+                    try:
+                        block = reader.pread(min(READ_BLOCK, self.size - pos), pos)
+                    except OSError:
+                        return
                     if not block:
                         return
                     data = pending + block if pending else block
@@ -191,60 +181,71 @@ class EventJournal:
                 if not await self._signal.wait(keepalive):
                     yield sse.keepalive_frame(sse_frames)
         finally:
-            os.close(fd)
+            reader.close()
 
 
 class OutputLog:
-    """Raw combined output with a sparse line index for cursor reads."""
+    """Raw combined output with a sparse line index for cursor reads.
 
-    def __init__(self, path: str) -> None:
+    Past ``max_bytes`` the oldest output is dropped (segments.py); line numbers stay
+    absolute, and a cursor below the oldest kept line reads from the oldest kept byte.
+    """
+
+    def __init__(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        self.size = 0
+        self._file = SegmentedFile(path, max_bytes // 2)
         self.lines = 0  # complete lines so far
         # Sparse index: line numbers (ascending, >= INDEX_EVERY apart) and their byte offsets.
         self._index_lines: list[int] = [0]
         self._index_offsets: list[int] = [0]
+        # Complete lines before each segment's first byte (its first line may be a tail).
+        self._lines_before: dict[int, int] = {0: 0}
+
+    @property
+    def size(self) -> int:
+        return self._file.size
 
     def seal(self) -> None:
         """The execution ended: free the write descriptor (reads reopen the file)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def _reader(self) -> int:
-        return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        self._file.close()
 
     def write(self, data: bytes) -> None:
-        if self._fd < 0:
+        if not self._file.writable:
             return
-        _write_all(self._fd, data, self.size)
+        offset = self._file.append(data)
+        if offset == self._file.segments[-1][0] and offset not in self._lines_before:
+            # A new segment's start: keep its line count, forget dropped segments'.
+            floor = self._file.floor
+            self._lines_before = {o: n for o, n in self._lines_before.items() if o >= floor}
+            self._lines_before[offset] = self.lines
         # O(1) Python work per write whatever the line count (a loop per line cost a quarter
         # of a streaming command's CPU): count in C, index at most one line start per write.
         count = data.count(b"\n")
         if count:
             if self.lines + 1 - self._index_lines[-1] >= INDEX_EVERY:
                 self._index_lines.append(self.lines + 1)
-                self._index_offsets.append(self.size + data.index(b"\n") + 1)
+                self._index_offsets.append(offset + data.index(b"\n") + 1)
             self.lines += count
-        self.size += len(data)
 
     def _offset_of_line(self, line: int) -> int:
+        floor = self._file.floor
+        floor_line = self._lines_before.get(floor, 0)
         slot = bisect.bisect_right(self._index_lines, line) - 1
-        pos = self._index_offsets[slot]
-        remaining = line - self._index_lines[slot]
+        pos, base_line = self._index_offsets[slot], self._index_lines[slot]
+        if pos < floor:  # that part was dropped: count from the oldest kept byte
+            if line <= floor_line:
+                return floor
+            pos, base_line = floor, floor_line
+        remaining = line - base_line
         if remaining <= 0:
             return min(pos, self.size)
-        fd = self._reader()
-        try:
-            return self._scan(fd, pos, remaining)
-        finally:
-            os.close(fd)
+        with self._file.reader() as reader:
+            return self._scan(reader, pos, remaining)
 
-    def _scan(self, fd: int, pos: int, remaining: int) -> int:
+    def _scan(self, reader: SegmentReader, pos: int, remaining: int) -> int:
         """The offset after the ``remaining``-th newline from ``pos`` (or the end)."""
         while remaining > 0 and pos < self.size:
-            block = os.pread(fd, min(READ_BLOCK, self.size - pos), pos)
+            block = reader.pread(min(READ_BLOCK, self.size - pos), pos)
             if not block:
                 break
             count = block.count(b"\n")
@@ -265,7 +266,7 @@ class OutputLog:
         """
         total = self.lines + (1 if finished and self.size and not self._ends_with_newline() else 0)
         if cursor is None:
-            return 0, self.size, total
+            return self._file.floor, self.size, total
         cursor = max(0, cursor)
         if cursor >= total:
             return self.size, self.size, total
@@ -276,31 +277,25 @@ class OutputLog:
     def _ends_with_newline(self) -> bool:
         if not self.size:
             return True
-        fd = self._reader()
-        try:
-            return os.pread(fd, 1, self.size - 1) == b"\n"
-        finally:
-            os.close(fd)
+        with self._file.reader() as reader:
+            return reader.pread(1, self.size - 1) == b"\n"
 
     async def iter_range(self, start: int, end: int) -> AsyncIterator[bytes]:
-        if start >= end:
-            return
+        reader = self._file.reader()
         try:
-            fd = self._reader()
-        except OSError:
-            return
-        try:
-            pos = start
+            pos = max(start, self._file.floor)
             while pos < end:
-                block = os.pread(fd, min(READ_BLOCK, end - pos), pos)
+                pos = max(pos, self._file.floor)  # dropped while this was read: skip ahead
+                try:
+                    block = reader.pread(min(READ_BLOCK, end - pos), pos)
+                except OSError:
+                    return
                 if not block:
                     return
                 pos += len(block)
                 yield block
         finally:
-            os.close(fd)
+            reader.close()
 
     def discard(self) -> None:
-        self.seal()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        self._file.remove()

@@ -23,7 +23,12 @@ from sandlot.execd import protocol
 PRIVATE_ENV = "SANDLOT_EXECD_PRIVATE_ENV"
 TOKEN_ENV = "SANDLOT_EXECD_TOKEN"
 DEFAULT_PORT = protocol.DEFAULT_PORT
-KEEP_ALIVE_SECONDS = 75  # see the uvicorn Config below
+KEEP_ALIVE_SECONDS = 75.0  # see --keep-alive-timeout
+# Slow clients (sandlot.http_deadlines): the request head within 30 s, body pauses <= 60 s
+# (generous: execd may run throttled to a fraction of a CPU; the host listener in front of
+# it closes connections idle for endpoint_idle_timeout_seconds anyway).
+HEADER_TIMEOUT = 30.0
+BODY_IDLE_TIMEOUT = 60.0
 
 
 def scrub_environment(environ: Any = None) -> str | None:
@@ -91,9 +96,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         help="a warm-pool execd: serve POST /_sandlot/claim once; the entrypoint comes with it",
     )
     parser.add_argument(
-        "--keep-alive-timeout", type=float, default=5.0,
-        help="seconds an idle HTTP connection is kept before execd closes it (under gVisor "
-             "the host sets it long: the closing side keeps TIME_WAIT, which blocks hibernation)",
+        "--keep-alive-timeout", type=float, default=KEEP_ALIVE_SECONDS,
+        help="seconds an idle HTTP connection is kept before execd closes it: longer than "
+             "clients keep idle connections for reuse (the released SDKs 30 s, the server "
+             "proxy 20 s), or a request sent as execd closes fails (under gVisor the host sets "
+             "it longer: the closing side keeps TIME_WAIT, which blocks hibernation)",
     )
     parser.add_argument(
         "--interrupt-grace", type=float, default=3.0, help="seconds between SIGINT/SIGTERM/SIGKILL"
@@ -209,9 +216,12 @@ async def _serve(
         extensions.append(ClaimExtension(settings, on_claim))
     app = build_app(settings, extensions=extensions)
     config_cls, server_cls = _uvicorn()
+    from sandlot.http_deadlines import deadline_protocol  # after _uvicorn(): imports uvicorn
+
     _configure_logging(ns.log_level)
     config = config_cls(
         app,
+        http=deadline_protocol(HEADER_TIMEOUT, BODY_IDLE_TIMEOUT),
         log_config=None,  # see _configure_logging
         log_level=ns.log_level,
         access_log=False,

@@ -25,6 +25,10 @@ class Settings:
     # How long a finished execution's events/logs stay readable (resume, /logs).
     retention_seconds: float = 900.0
     max_retained: int = 2000
+    # Each journal of an execution (events; raw output) keeps at most about this much on
+    # disk; past it the oldest part is dropped (segments.py): a command printing without
+    # end does not fill the sandbox's disk through execd.
+    max_journal_bytes: int = 64 << 20
     # After the main process exits, how long to wait for pipes still held open by
     # its daemonised descendants before ending the stream.
     drain_after_exit: float = 0.2

@@ -31,6 +31,13 @@ SNAPSHOT_NOT_IMPLEMENTED = "SNAPSHOT::NOT_IMPLEMENTED"
 DIAGNOSTICS_NOT_IMPLEMENTED = "DIAGNOSTICS_NOT_IMPLEMENTED"
 DIAGNOSTICS_SCOPE_UNSUPPORTED = "DIAGNOSTICS_SCOPE_UNSUPPORTED"
 POOL_NOT_SUPPORTED = "KUBERNETES::POOL_NOT_SUPPORTED"
+# Where the reference has the operation (its Kubernetes pools, its snapshots), its codes.
+POOL_NOT_FOUND = "KUBERNETES::POOL_NOT_FOUND"
+POOL_ALREADY_EXISTS = "KUBERNETES::POOL_ALREADY_EXISTS"
+SNAPSHOT_INVALID_SOURCE_STATE = "SNAPSHOT::INVALID_SOURCE_STATE"
+# sandlot's own, for operations the reference does not have (network policy changes,
+# hibernation): a 409 naming the state that refuses it.
+STATE_CONFLICT = "SANDBOX_STATE_CONFLICT"
 # Bodies FastAPI itself rejects (422) and plain HTTP errors carry no code on the reference;
 # sandlot adds these beside the reference's ``detail``.
 VALIDATION_ERROR = "INVALID_REQUEST"

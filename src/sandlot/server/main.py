@@ -14,6 +14,7 @@ import uvicorn
 from sandlot import datadir, logsetup
 from sandlot.config import API_KEY_ENV, Config
 from sandlot.errors import SandlotError
+from sandlot.http_deadlines import deadline_protocol
 from sandlot.runtime.base import Runtime
 from sandlot.runtime.registry import runtime_class
 from sandlot.server.quantity import parse_ephemeral_storage
@@ -117,7 +118,11 @@ async def _serve(cfg: Config) -> int:
                 host=cfg.server.host,
                 port=cfg.server.port,
                 loop="none",
-                http="httptools",
+                http=deadline_protocol(cfg.server.header_timeout_seconds,
+                                       cfg.server.body_idle_timeout_seconds),
+                timeout_keep_alive=cfg.server.timeout_keep_alive,
+                limit_concurrency=cfg.server.limit_concurrency or None,
+                backlog=cfg.server.backlog,
                 ws="websockets",
                 lifespan="on",
                 log_config=None,  # logsetup.configure did it, from [log]

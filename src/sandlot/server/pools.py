@@ -14,6 +14,7 @@ from typing import Any
 
 from sandlot.errors import Conflict, InvalidRequest, NotFound, Unsupported
 from sandlot.runtime.base import ImageRef, Runtime
+from sandlot.server import codes
 from sandlot.server.models import utcnow
 from sandlot.server.pool_models import PoolRecord, check_template
 from sandlot.server.quantity import parse_cpu, parse_memory
@@ -24,7 +25,7 @@ POOL_REF = "poolRef"
 
 
 def _not_found(name: str) -> NotFound:
-    return NotFound(f"pool {name} not found", code="POOL_NOT_FOUND")
+    return NotFound(f"pool {name} not found", code=codes.POOL_NOT_FOUND)
 
 
 def check_capacity(capacity: dict[str, Any]) -> dict[str, int]:
@@ -55,7 +56,8 @@ class PoolService:
 
     def require_support(self) -> None:
         if not self.runtime.capabilities.pools:
-            raise Unsupported(f"pools are not supported by the {self.runtime.name} runtime")
+            raise Unsupported(f"pools are not supported by the {self.runtime.name} runtime",
+                              code=codes.POOL_NOT_SUPPORTED)
 
     async def start(self) -> None:
         for rec in await self.store.load_all():
@@ -105,7 +107,7 @@ class PoolService:
         check_template(template)
         cap = check_capacity(capacity)
         if name in self._records:
-            raise Conflict(f"pool {name} already exists", code="POOL_ALREADY_EXISTS")
+            raise Conflict(f"pool {name} already exists", code=codes.POOL_ALREADY_EXISTS)
         rec = PoolRecord(name=name, template=template, capacity=cap, revision=1,
                          created_at=utcnow())
         for key, value in rec.resource_limits.items():  # 400 now, not at every create

@@ -127,8 +127,15 @@ class _ResponseStream(httpx.AsyncByteStream):
 class SandboxTransport(httpx.AsyncBaseTransport):
     """HTTP/1.1 to ``http://<any host>:<port>/...``, connected through ``connect(port)``."""
 
-    def __init__(self, connect: PortConnect) -> None:
-        self._pool = httpcore.AsyncConnectionPool(network_backend=_SandboxBackend(connect))
+    def __init__(self, connect: PortConnect, *, max_connections: int = 1024,
+                 keepalive_expiry: float = 20.0) -> None:
+        # Idle connections are dropped before execd's own keep-alive timeout (75 s) closes
+        # them: reusing one as execd closes it would fail the request. Every connection may
+        # be kept (max_keepalive_connections = max_connections): httpcore 1.0 closes "surplus"
+        # idle connections outside its lock, after it may have handed them to a request.
+        self._pool = httpcore.AsyncConnectionPool(
+            network_backend=_SandboxBackend(connect), max_connections=max_connections,
+            max_keepalive_connections=max_connections, keepalive_expiry=keepalive_expiry)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         assert isinstance(request.stream, httpx.AsyncByteStream)

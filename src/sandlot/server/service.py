@@ -243,8 +243,11 @@ class SandboxService:
         pool_image = None
         pool_sourced = False  # the pool starts from a snapshot or template of its own
         if pool_name is not None:
-            if self.pools is None:
-                raise Unsupported("pools are not supported by this server")
+            if self.pools is None or not self.runtime.capabilities.pools:
+                # The reference's single-host (Docker) server answers this way too.
+                raise InvalidRequest(f"extensions.poolRef: pools are not supported by the "
+                                     f"{self.runtime.name} runtime",
+                                     code=codes.UNSUPPORTED_POOL_REF)
             pool = self.pools.get(pool_name)  # 404 when unknown
             pool_image = pool.image
             pool_source = pool_image.partition(":")[0]
@@ -824,7 +827,7 @@ class SandboxService:
                 raise Conflict(
                     f"sandbox {sandbox_id} is {rec.state.value}; the network policy of a "
                     "Running or Paused sandbox can change",
-                    code="SANDBOX_STATE_CONFLICT",
+                    code=codes.STATE_CONFLICT,
                 )
             await self._runtime_set_policy(sandbox_id, policy)
             rec.network_policy = policy.to_json()

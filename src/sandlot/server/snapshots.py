@@ -3,7 +3,7 @@
 A create is accepted at once (202, ``Creating``); the runtime's capture runs in a background
 task. Records are stored, so snapshots survive a restart; one left ``Creating`` or ``Deleting``
 by a crash is settled at start (Failed). Deleting a snapshot that a live sandbox
-(or a later snapshot) still stands on is refused with 409 ``SNAPSHOT::IN_USE``.
+(or a later snapshot) still stands on is refused with 409 ``SNAPSHOT::DELETE_CONFLICT``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sandlot.errors import Conflict, NotFound, SandlotError, Unsupported
 from sandlot.runtime.base import Runtime
+from sandlot.server import codes
 from sandlot.server.models import SandboxState, utcnow
 from sandlot.server.snapshot_models import SnapshotRecord, SnapshotState
 from sandlot.server.store.snapshots import SnapshotStore
@@ -49,7 +50,7 @@ class SnapshotService:
     def require_support(self) -> None:
         if not self.runtime.capabilities.snapshots:
             raise Unsupported(f"snapshots are not supported by the {self.runtime.name} runtime "
-                              "(it has no snapshot store)")
+                              "(it has no snapshot store)", code=codes.SNAPSHOT_NOT_IMPLEMENTED)
 
     async def start(self) -> None:
         for rec in await self.store.load_all():
@@ -105,7 +106,7 @@ class SnapshotService:
         self.require_support()
         if state != SandboxState.RUNNING:
             raise Conflict(f"sandbox {sandbox_id} is {state.value}; only a Running sandbox "
-                           "can be snapshotted", code="SANDBOX_STATE_CONFLICT")
+                           "can be snapshotted", code=codes.SNAPSHOT_INVALID_SOURCE_STATE)
         now = utcnow()
         rec = SnapshotRecord(
             id=str(uuid.uuid4()), sandbox_id=sandbox_id, name=name,

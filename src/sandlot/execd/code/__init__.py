@@ -6,7 +6,7 @@ import dataclasses
 import os
 from typing import Any
 
-from . import versions
+from . import identity, versions
 from .service import CodeService
 from .settings import CodeSettings
 
@@ -26,4 +26,6 @@ def build_extension(execd_settings: Any = None) -> CodeService:
     keepalive = getattr(execd_settings, "keepalive_interval", None)
     if keepalive and "SANDLOT_CODE_KEEPALIVE" not in os.environ:
         settings = dataclasses.replace(settings, keepalive=float(keepalive))
+    identity.configure(getattr(execd_settings, "default_uid", None),
+                       getattr(execd_settings, "default_gid", None))
     return CodeService(settings)

@@ -571,7 +571,7 @@ class OciRuntime(Runtime):
                        if image == f"snapshot/{snapshot_id}")
         if pools:
             raise Conflict(f"snapshot {snapshot_id} is in use by pool {', '.join(pools)}; "
-                           "delete the pool first", code="SNAPSHOT::IN_USE")
+                           "delete the pool first", code="SNAPSHOT::DELETE_CONFLICT")
         live = await self.list_ids()
         await asyncio.to_thread(self.snapshots.delete, snapshot_id, live)
 

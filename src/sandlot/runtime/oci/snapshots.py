@@ -118,7 +118,7 @@ class SnapshotLayers:
         if users or children:
             what = [f"sandbox {u}" for u in users] + [f"snapshot {c}" for c in children]
             raise Conflict(f"snapshot {snapshot_id} is in use by {', '.join(what)}; delete "
-                           "those first", code="SNAPSHOT::IN_USE")
+                           "those first", code="SNAPSHOT::DELETE_CONFLICT")
         meta = json.loads((d / _META).read_text()) if (d / _META).exists() else {}
         parent = meta.get("parent")
         doomed = self.root / f".tmp-del-{snapshot_id}"

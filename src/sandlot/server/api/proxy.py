@@ -81,8 +81,9 @@ class ProxyClients:
 
             # No TLS and no proxies ever apply inside: nothing of either is set up (loading
             # a CA bundle costs tens of ms).
-            client = httpx.AsyncClient(transport=SandboxTransport(connect), timeout=_TIMEOUT,
-                                       trust_env=False)
+            transport = SandboxTransport(
+                connect, max_connections=svc.cfg.server.max_connections_per_sandbox)
+            client = httpx.AsyncClient(transport=transport, timeout=_TIMEOUT, trust_env=False)
             self._clients[sandbox_id] = client
         return client
 

@@ -11,6 +11,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from sandlot.execd.oomscore import prefer_for_oom
 
+from .. import identity
 from ..kernels.exitwatch import returncode, watch_exit
 from ..oom import OomWatch
 from . import messages
@@ -48,7 +49,9 @@ class ZmqApiKernel(ApiKernel):
 
     async def start(self) -> None:
         if not self._started:
-            await self.km.start_kernel(cwd=self._cwd, env=self._env)
+            identity.prepare_connection_file(self.km)
+            await self.km.start_kernel(cwd=self._cwd, env=self._env,
+                                       **identity.popen_kwargs())
             await self._wait_ready()
         self._after_start()
 

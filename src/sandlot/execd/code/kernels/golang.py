@@ -19,6 +19,7 @@ import tempfile
 
 from sandlot.execd.oomscore import prefer_for_oom
 
+from .. import identity
 from .base import Emit, KernelDied, Output, describe_exit
 from .exitwatch import returncode, watch_exit
 from .gocell import GoState, split
@@ -55,6 +56,7 @@ class GoKernel:
         if not os.access(self._go, os.X_OK):
             raise KernelDied(None)
         self._dir = tempfile.mkdtemp(prefix="sandlot-go-")
+        os.chmod(self._dir, 0o755)  # cells run as the image's user (identity), built by execd
 
     async def is_alive(self) -> bool:
         return self._dir is not None
@@ -117,6 +119,7 @@ class GoKernel:
                 cwd=self._cwd or None, env=self._env, pass_fds=(wfd,),
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True,
+                **identity.popen_kwargs(),
             )
         finally:
             os.close(wfd)

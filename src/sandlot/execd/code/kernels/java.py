@@ -31,7 +31,7 @@ async def compiled_runner(javac: str) -> Path:
             return found
         digest = hashlib.sha256((javac + SOURCE).encode()).hexdigest()[:16]
         root = Path(tempfile.gettempdir()) / f"sandlot-jshell-{os.getuid()}-{digest}"
-        root.mkdir(mode=0o700, exist_ok=True)
+        root.mkdir(mode=0o755, exist_ok=True)  # the runner runs as the image's user
         source = root / f"{CLASS_NAME}.java"
         source.write_text(SOURCE, encoding="utf-8")
         proc = await asyncio.create_subprocess_exec(

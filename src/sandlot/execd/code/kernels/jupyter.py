@@ -9,6 +9,7 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
+from .. import identity
 from .base import Emit, KernelDied, Output
 from .exitwatch import returncode, watch_exit
 
@@ -57,7 +58,8 @@ class JupyterKernel:
         return returncode(self._exit, polled)
 
     async def start(self, timeout: float) -> None:
-        await self._km.start_kernel(cwd=self._cwd, env=self._env)
+        identity.prepare_connection_file(self._km)
+        await self._km.start_kernel(cwd=self._cwd, env=self._env, **identity.popen_kwargs())
         self._exit = watch_exit(self.pid)
         self._kc = self._km.client()
         self._kc.start_channels()

@@ -18,6 +18,7 @@ import signal
 import uuid
 from typing import Any
 
+from .. import identity
 from .base import Emit, KernelDied, Output
 from .exitwatch import returncode, watch_exit
 
@@ -59,7 +60,7 @@ class PipeKernel:
                 *self._argv,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, cwd=self._cwd or None, env=env,
-                pass_fds=(wfd,), start_new_session=True,
+                pass_fds=(wfd,), start_new_session=True, **identity.popen_kwargs(),
             )
         finally:
             os.close(wfd)

@@ -1,0 +1,134 @@
+"""An append-only file whose oldest part is dropped past a cap, keeping offsets stable.
+
+An execution's journals (its events, its raw output) are addressed by byte offset: SSE ids
+and ``Last-Event-ID`` resume, ``/logs`` cursors. A command printing without end must not
+grow them without bound (issue 11: "journals grow without cap"), yet offsets must keep
+their meaning. So the data lives in segments of ``segment_bytes``: appends go to the last
+one; when it is full a new one starts at the current logical size, and only the newest
+``KEEP`` segments are kept, the oldest deleted. Offsets stay logical: ``floor`` is the
+first one still stored, and readers asking for less get ``floor`` onwards (what a lagging
+reader of a ring buffer gets). At most ``KEEP * segment_bytes`` (plus one append) is on
+disk, as ``cappedlog`` bounds execd's own log.
+
+Segments rotate only between appends, so an append (an event's whole line) never spans
+two of them: a segment's start is an event boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+KEEP = 2
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    """``pwrite`` all of ``data`` at ``offset`` (a short write is possible on a full disk)."""
+    view = memoryview(data)
+    written = 0
+    while written < len(data):
+        n = os.pwrite(fd, view[written:], offset + written)
+        if n <= 0:
+            raise OSError("short write to journal")
+        written += n
+
+
+class SegmentedFile:
+    def __init__(self, path: str, segment_bytes: int) -> None:
+        self.path = path
+        self.segment_bytes = max(1, segment_bytes)
+        self.size = 0
+        # (logical offset of its first byte, path), oldest first.
+        self.segments: list[tuple[int, str]] = [(0, path)]
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self._count = 1
+
+    @property
+    def floor(self) -> int:
+        """The first logical offset still stored."""
+        return self.segments[0][0]
+
+    @property
+    def writable(self) -> bool:
+        return self._fd >= 0
+
+    def append(self, *parts: bytes) -> int:
+        """Write ``parts`` as one unit; returns the logical offset of its first byte."""
+        if self._fd < 0:
+            raise RuntimeError("journal closed")
+        base = self.segments[-1][0]
+        if self.size - base >= self.segment_bytes:
+            self._rotate()
+            base = self.size
+        offset = self.size
+        total = sum(len(p) for p in parts)
+        if os.pwritev(self._fd, parts, offset - base) != total:
+            _write_all(self._fd, b"".join(parts), offset - base)  # short write: redo it whole
+        self.size += total
+        return offset
+
+    def _rotate(self) -> None:
+        os.close(self._fd)
+        path = f"{self.path}.{self._count}"
+        self._count += 1
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self.segments.append((self.size, path))
+        while len(self.segments) > KEEP:
+            _, old = self.segments.pop(0)
+            with contextlib.suppress(OSError):
+                os.unlink(old)  # readers holding it open keep reading it
+
+    def close(self) -> None:
+        """No more appends: free the write descriptor (reads open segments themselves)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def remove(self) -> None:
+        self.close()
+        for _, path in self.segments:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    def reader(self) -> SegmentReader:
+        return SegmentReader(self)
+
+
+class SegmentReader:
+    """Reads logical ranges; holds a descriptor of the segment it last read (close it)."""
+
+    def __init__(self, file: SegmentedFile) -> None:
+        self._file = file
+        self._base = -1
+        self._fd = -1
+
+    def pread(self, n: int, pos: int) -> bytes:
+        """Up to ``n`` bytes at logical ``pos`` (>= ``floor``), never across a segment end;
+        b"" at the end of the data."""
+        segments = self._file.segments  # at most KEEP: scanning them is cheap
+        if pos < segments[0][0]:
+            raise ValueError(f"offset {pos} was dropped (floor {segments[0][0]})")
+        i = len(segments) - 1
+        while segments[i][0] > pos:
+            i -= 1
+        base, path = segments[i]
+        end = segments[i + 1][0] if i + 1 < len(segments) else None
+        if end is None and pos >= self._file.size:
+            return b""
+        if self._fd < 0 or self._base != base:
+            self.close()
+            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self._base = base
+        limit = n if end is None else min(n, end - pos)
+        return os.pread(self._fd, limit, pos - base)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> SegmentReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
