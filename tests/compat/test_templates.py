@@ -100,7 +100,11 @@ async def test_template_build_use_and_failure(sandlot_server: SandlotServer) -> 
         await Sandbox.create_from_template(bad.template_id, timeout=timedelta(minutes=10),
                                            connection_config=server.sdk_config())
     await manager.delete_template(bad.template_id)
-    with server.client() as c:  # no build sandbox is left behind
-        left = c.get("/v1/sandboxes", params={"metadata": "sandlot.template-build="
-                                              + bad.template_id}).json()["items"]
+    with server.client() as c:  # no build sandbox is left behind (its delete may still run)
+        for _ in range(600):
+            left = c.get("/v1/sandboxes", params={"metadata": "sandlot.template-build="
+                                                  + bad.template_id}).json()["items"]
+            if not left or any(i["status"]["state"] != "Stopping" for i in left):
+                break
+            await asyncio.sleep(0.1)
         assert left == []
