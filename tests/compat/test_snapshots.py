@@ -14,7 +14,7 @@ from opensandbox.models.sandboxes import SnapshotFilter
 
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
 
-pytestmark = pytest.mark.backends("oci", "docker")
+pytestmark = pytest.mark.backends("oci", "docker", "runsc")
 
 # "pip-style" work: files written and a package tree unpacked (with a deletion, which the
 # snapshot must keep as an overlay whiteout).
