@@ -53,7 +53,8 @@ def commit_config(container: dict[str, Any], image: dict[str, Any],
         "Labels": labels,
         "User": iconf.get("User") or "0:0",
         "WorkingDir": iconf.get("WorkingDir") or "",
-        "Entrypoint": iconf.get("Entrypoint"),
+        # empty rather than missing: the engine would fill a missing one with execd's argv
+        "Entrypoint": iconf.get("Entrypoint") or [],
         "Cmd": iconf.get("Cmd"),
     }
 
