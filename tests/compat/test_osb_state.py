@@ -9,7 +9,7 @@ import pytest
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
 from tests.compat.test_osb_cli import ok_json, osb
 
-pytestmark = pytest.mark.backends("oci", "docker")
+pytestmark = pytest.mark.backends("oci", "docker", "runsc")
 
 
 def _poll(server: SandlotServer, args: tuple[str, ...], key: str, done: set[str]) -> dict:

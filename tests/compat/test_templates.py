@@ -15,7 +15,7 @@ from opensandbox.models.templates import CreateTemplateRequest, TemplateFilter
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer, wait_state
 from tests.compat.test_pools import claimed, run_text, wait_available
 
-pytestmark = pytest.mark.backends("oci", "docker")
+pytestmark = pytest.mark.backends("oci", "docker", "runsc")
 
 SETUP = ("mkdir -p /opt/tool && echo 'print(42)' > /opt/tool/run.py && "
          "echo built-by-template && echo $FLAVOUR > /opt/tool/flavour")
