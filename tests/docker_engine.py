@@ -40,6 +40,7 @@ from sandlot.images.model import Image
 PERSISTENT_ROOT = Path(os.environ.get("SANDLOT_TEST_DOCKERD", "/var/tmp/sandlot-test/dockerd"))
 SOURCE_LABEL = "io.sandlot.test.source"
 BENCHMARK_RANGE = ipaddress.ip_network("198.18.0.0/15")
+GVISOR_RUNTIME = "sandlot-runsc"  # runsc as an engine runtime (when installed)
 
 
 def _routed_networks() -> list[ipaddress.IPv4Network]:
@@ -98,6 +99,22 @@ class PrivateDockerd:
         _stop_orphans(root)
         return root
 
+    def _runtime_args(self) -> list[str]:
+        """gVisor registered as engine runtime ``GVISOR_RUNTIME`` when runsc is installed.
+
+        As a host would register it: a small wrapper giving runsc its flags (dockerd's
+        command line takes a runtime's path only). ``--network=host``: gVisor's sockets are
+        the container namespace's own, where the server reaches execd (this Debian runsc
+        cannot start its own network stack on Linux >= 6 without sandlot's oci workaround).
+        """
+        runsc = shutil.which("runsc")
+        if runsc is None:
+            return []
+        wrapper = self.workdir / "runsc-docker"
+        wrapper.write_text(f'#!/bin/sh\nexec {runsc} --platform=ptrace --network=host "$@"\n')
+        wrapper.chmod(0o755)
+        return ["--add-runtime", f"{GVISOR_RUNTIME}={wrapper}"]
+
     def start(self, timeout: float = 90) -> None:
         gateway = next(self.bridge_net.hosts())
         subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
@@ -106,7 +123,7 @@ class PrivateDockerd:
         subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
         log = open(self.workdir / "dockerd.log", "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
-            ["dockerd", "--data-root", str(self.data_root),
+            ["dockerd", *self._runtime_args(), "--data-root", str(self.data_root),
              "--exec-root", str(self.workdir / "exec"), "--host", self.host,
              "--pidfile", str(self.workdir / "docker.pid"), "--bridge", self.bridge,
              "--default-address-pool", f"base={self.user_pool},size=28",

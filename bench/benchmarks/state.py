@@ -23,7 +23,7 @@ SIZES_MIB = (10, 100)
 POLL = 0.005
 
 
-async def _snapshot_ready(manager: SandboxManager, sandbox: Sandbox) -> tuple[str, float]:
+async def snapshot_ready(manager: SandboxManager, sandbox: Sandbox) -> tuple[str, float]:
     t0 = time.perf_counter()
     snap = await sandbox.create_snapshot()
     while (await manager.get_snapshot(snap.id)).status.state == "Creating":
@@ -53,7 +53,7 @@ async def run(env: BenchEnv) -> list[Row]:
                 raise RuntimeError(f"writing {size} MiB failed: {ex.error}")
             times = []
             for _ in range(runs):
-                sid, elapsed = await _snapshot_ready(manager, sandbox)
+                sid, elapsed = await snapshot_ready(manager, sandbox)
                 snapshots.append(sid)
                 times.append(elapsed)
             first = first or snapshots[-1]

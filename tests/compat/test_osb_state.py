@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
 from tests.compat.test_osb_cli import ok_json, osb
+
+pytestmark = pytest.mark.backends("oci", "docker", "runsc")
 
 
 def _poll(server: SandlotServer, args: tuple[str, ...], key: str, done: set[str]) -> dict:
@@ -40,10 +44,18 @@ def test_osb_snapshot_and_template_commands(sandlot_server: SandlotServer) -> No
                   {"Succeeded", "Failed"})
     assert built["status"]["phase"] == "Succeeded", built
     assert tpl_id in str(ok_json(server, "template", "list"))
-    # The template stands on the snapshot: deleting the snapshot first is refused.
-    refused = osb(server, "snapshot", "delete", snap["id"])
-    assert refused.returncode != 0 and "delete those first" in refused.stdout + refused.stderr
-    assert osb(server, "template", "delete", tpl_id).returncode == 0
-    assert osb(server, "snapshot", "delete", snap["id"]).returncode == 0
+    first = osb(server, "snapshot", "delete", snap["id"])
+    if server.backend == "docker":
+        # The engine keeps the layers the template's image stands on; only the snapshot's
+        # tag goes (docs/snapshots.md), and the template stays usable.
+        assert first.returncode == 0, first.stderr
+        got = ok_json(server, "template", "get", tpl_id)
+        assert isinstance(got, dict) and got["status"]["phase"] == "Succeeded"
+        assert osb(server, "template", "delete", tpl_id).returncode == 0
+    else:
+        # The template stands on the snapshot's layer: deleting the snapshot first is refused.
+        assert first.returncode != 0 and "delete those first" in first.stdout + first.stderr
+        assert osb(server, "template", "delete", tpl_id).returncode == 0
+        assert osb(server, "snapshot", "delete", snap["id"]).returncode == 0
     assert osb(server, "snapshot", "get", snap["id"]).returncode != 0
     assert osb(server, "sandbox", "kill", sb["id"]).returncode == 0

@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import docker
 import pytest
 from opensandbox import Sandbox, SandboxManager
 from opensandbox.exceptions import SandboxException
 from opensandbox.models.sandboxes import SnapshotFilter
 
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
+
+pytestmark = pytest.mark.backends("oci", "docker", "runsc")
 
 # "pip-style" work: files written and a package tree unpacked (with a deletion, which the
 # snapshot must keep as an overlay whiteout).
@@ -58,6 +61,13 @@ async def test_snapshot_fork_restart_and_delete(fresh_server: SandlotServer) -> 
     assert snap.status.state in ("Creating", "Ready")
     assert await _wait_ready(manager, snap.id) == "Ready"
     assert await source.is_healthy()  # the source kept running
+    if server.docker is not None:  # execd's private variables are not part of the commit
+        client = docker.DockerClient(base_url=server.docker.host)
+        try:
+            env = client.images.get(f"sandlot-snapshots:{snap.id}").attrs["Config"]["Env"]
+        finally:
+            client.close()
+        assert not [e for e in env if e.startswith("SANDLOT_") and not e.endswith("=")], env
     assert await _run(source, "cat /workspace/notes.txt") == "hello"
 
     listed = await manager.list_snapshots(SnapshotFilter(sandbox_id=source.id))
@@ -96,5 +106,11 @@ async def test_snapshot_fork_restart_and_delete(fresh_server: SandlotServer) -> 
     with pytest.raises(SandboxException):
         await manager.get_snapshot(snap.id)
     assert not (server.data_dir / "snapshots" / snap.id).exists()
+    if server.docker is not None:  # the commit's image went with it
+        client = docker.DockerClient(base_url=server.docker.host)
+        try:
+            assert not client.images.list(name=f"sandlot-snapshots:{snap.id}")
+        finally:
+            client.close()
     with pytest.raises(SandboxException):
         await _sandbox(server, snapshot_id=snap.id)

@@ -133,7 +133,7 @@ class Plan:
 
     def create_kwargs(
         self, api: Any, spec: SandboxSpec, image: EngineImage, host_port: int | None,
-        pooled: bool = False,
+        pooled: bool = False, volume_mounts: list[Mount] | None = None,
     ) -> dict[str, Any]:
         """Arguments of docker-py's ``APIClient.create_container`` for ``spec``.
 
@@ -152,7 +152,7 @@ class Plan:
             listen = f"tcp:127.0.0.1:{self.execd_port}"
         host: dict[str, Any] = {
             "network_mode": self.network.name,
-            "mounts": [_bundle_mount(self.bundle)],
+            "mounts": [_bundle_mount(self.bundle), *(volume_mounts or [])],
             "tmpfs": {RUN_DIR: "rw,nosuid,nodev,noexec,mode=755,size=65536k"},
             "security_opt": list(self.security_opt) or None,
             "cap_drop": list(self.cfg.drop_capabilities) or None,

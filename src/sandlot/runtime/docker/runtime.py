@@ -51,9 +51,10 @@ from sandlot.runtime.base import (
     RuntimeCapabilities,
     SandboxSpec,
     StateListener,
+    VolumeSpec,
     WarmPoolStats,
 )
-from sandlot.runtime.docker import images, warm
+from sandlot.runtime.docker import images, snapshots, warm
 from sandlot.runtime.docker.container import (
     LABEL_EXECD_PORT,
     LABEL_OWNER,
@@ -66,6 +67,7 @@ from sandlot.runtime.docker.container import (
 from sandlot.runtime.docker.engine import Engine
 from sandlot.runtime.docker.events import ContainerEvents
 from sandlot.runtime.docker.network import HostPortAllocator, NetworkKind, NetworkMode
+from sandlot.runtime.docker.volumes import DockerVolumes
 from sandlot.runtime.execd_bundle import ensure_bundle
 from sandlot.runtime.logtail import cut_to_line
 from sandlot.runtime.oci import pool
@@ -114,6 +116,7 @@ class DockerRuntime(Runtime):
     def __init__(
         self, engine: Engine, plan: Plan, ports: HostPortAllocator, data_dir: Path,
         warm_pool_size: int = 0, warm_pool_images: list[str] | None = None,
+        allowed_host_paths: list[str] | None = None,
     ) -> None:
         self.engine = engine
         self.plan = plan
@@ -126,8 +129,11 @@ class DockerRuntime(Runtime):
         info_arch = _ARCHES.get(platform.machine(), platform.machine())
         self.capabilities = RuntimeCapabilities(
             pause=True, isolation=f"docker/{plan.engine_runtime or 'runc'}",
-            platforms=frozenset({f"linux/{info_arch}"}),
+            platforms=frozenset({f"linux/{info_arch}"}), snapshots=True,
+            volume_kinds=frozenset({"host", "pvc"}),
         )
+        self.volumes = DockerVolumes(engine, plan.owner, data_dir / "docker-volumes", data_dir,
+                                     list(allowed_host_paths or []))
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._connector = NetnsConnector()
         self._inits: dict[str, tuple[int, str]] = {}  # sandbox id -> (init pid, start time)
@@ -157,10 +163,11 @@ class DockerRuntime(Runtime):
                         security_opt=security_opt, swap_limit=bool(info.get("SwapLimit")),
                         engine_runtime=engine_runtime)
             rt = cls(engine, plan, ports, cfg.data_dir, cfg.runtime.warm_pool_size,
-                     cfg.runtime.warm_pool_images)
+                     cfg.runtime.warm_pool_images, cfg.storage.allowed_host_paths)
             await rt._adopt_host_ports()
             if rt._own_pool():
                 await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
+                await rt._sweep_volumes()
         except BaseException:
             engine.close()
             raise
@@ -175,12 +182,23 @@ class DockerRuntime(Runtime):
         async with self._locks[spec.sandbox_id]:
             if await self._attrs(spec.sandbox_id) is not None:
                 raise Conflict(f"sandbox {spec.sandbox_id} already exists")
-            image = await images.resolve(self.engine, spec.image, progress)
-            taken = self.pool.take(_pool_key(spec.image.reference, image))
+            image = await self._image_of(spec, progress)
+            # A warm container's mounts and image are fixed: volumes and snapshots start cold.
+            poolable = not spec.volumes and spec.snapshot_id is None
+            taken = self.pool.take(_pool_key(spec.image.reference, image)) if poolable else None
             if taken is not None and await self._claim(spec, image, taken):
                 return CreateResult(execd_ready=True)  # its execd has just answered the claim
             await self._start(spec, image)
         return CreateResult(execd_ready=False)
+
+    async def _image_of(self, spec: SandboxSpec, progress: Progress | None) -> images.EngineImage:
+        if spec.snapshot_id is None:
+            return await images.resolve(self.engine, spec.image, progress)
+        found = await images.lookup(self.engine, snapshots.image_ref(spec.snapshot_id))
+        if found is None:
+            raise NotFound(f"snapshot {spec.snapshot_id}'s image is gone from the Docker engine",
+                           code="SNAPSHOT::NOT_FOUND")
+        return found
 
     async def _start(self, spec: SandboxSpec, image: images.EngineImage,
                      pooled: bool = False) -> None:
@@ -188,7 +206,10 @@ class DockerRuntime(Runtime):
         host_port = self.ports.allocate() if self.plan.network.kind == NetworkKind.HOST \
             else None
         try:
-            kwargs = self.plan.create_kwargs(self.engine.api, spec, image, host_port, pooled)
+            volume_mounts = (await self.volumes.mounts(spec.sandbox_id, spec.volumes)
+                             if spec.volumes else [])
+            kwargs = self.plan.create_kwargs(self.engine.api, spec, image, host_port, pooled,
+                                             volume_mounts)
             created = await self.engine.call(self.engine.api.create_container, **kwargs)
             await self.engine.call(self.engine.api.start, created["Id"])
         except BaseException as exc:
@@ -215,8 +236,16 @@ class DockerRuntime(Runtime):
     async def _remove(self, sandbox_id: str) -> None:
         attrs = await self._attrs(sandbox_id)
         self._inits.pop(sandbox_id, None)
-        if attrs is None:
-            return
+        if attrs is not None:
+            await self._remove_container(sandbox_id, attrs)
+        # Only once its container is gone: staged binds and claims (no-op without volumes).
+        try:
+            await self.volumes.release(sandbox_id)
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot release sandbox {sandbox_id}'s volumes: {exc}") \
+                from exc
+
+    async def _remove_container(self, sandbox_id: str, attrs: dict[str, Any]) -> None:
         try:
             await self.engine.call(self.engine.api.remove_container, attrs["Id"], v=True,
                                    force=True)
@@ -533,6 +562,35 @@ class DockerRuntime(Runtime):
         self._events = ContainerEvents(self.engine.api, self.plan.owner, seen)
         self._events.start()
 
+    # -- volumes and snapshots -----------------------------------------------------------
+
+    async def check_volumes(self, volumes: list[VolumeSpec]) -> None:
+        await self.volumes.check(volumes)
+
+    async def _sweep_volumes(self) -> None:
+        """Release volumes of sandboxes whose container is gone (a crash mid-create)."""
+        live = await self.list_ids()
+        for sandbox_id in self.volumes.holders() - live:
+            try:
+                await self.volumes.release(sandbox_id)
+            except Exception:  # noqa: BLE001 - the next start tries again
+                log.warning("cannot release volumes of %s", sandbox_id, exc_info=True)
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> None:
+        """Commit the container (paused for the copy; a paused sandbox stays paused)."""
+        _check_id(sandbox_id)
+        async with self._locks[sandbox_id]:
+            info = await self._inspect(sandbox_id)
+            if info.state not in (ContainerState.RUNNING, ContainerState.PAUSED):
+                _require_running(info)
+            attrs = await self._attrs(sandbox_id)
+            if attrs is None:
+                raise NotFound(f"sandbox {sandbox_id} not found")
+            await snapshots.commit(self.engine, attrs, snapshot_id)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await snapshots.remove(self.engine, snapshot_id)
+
     def _reported(self, task: asyncio.Task[None]) -> None:
         self._reports.discard(task)
         if not task.cancelled() and task.exception() is not None:
@@ -614,8 +672,6 @@ def _check_id(sandbox_id: str) -> None:
 
 def _check_spec(spec: SandboxSpec) -> None:
     _check_id(spec.sandbox_id)
-    if spec.volumes:
-        raise Unsupported("volumes are not supported by the docker runtime")
     if spec.network_policy is not None:
         raise Unsupported("networkPolicy is not supported by the docker runtime")
 

@@ -144,7 +144,7 @@ class PvcStore:
         return data if isinstance(data, dict) else {}
 
 
-def _host_root(path: str, allowed: list[str], data_dir: Path) -> tuple[str, str]:
+def host_root(path: str, allowed: list[str], data_dir: Path) -> tuple[str, str]:
     """(resolved allowed prefix, the rest of ``path`` below it) for the first match."""
     resolved, real_data = os.path.realpath(path), os.path.realpath(data_dir)
     for a, b in ((resolved, real_data), (real_data, resolved)):
@@ -160,7 +160,7 @@ def _host_root(path: str, allowed: list[str], data_dir: Path) -> tuple[str, str]
                f"host path {path!r} is not under an allowed prefix ({', '.join(allowed)})")
 
 
-def _bind_fd(fd: int, target: Path) -> None:
+def bind_fd(fd: int, target: Path) -> None:
     if _libc.mount(fd_path(fd).encode(), str(target).encode(), None, MS_BIND, None) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"bind volume onto {target}: {os.strerror(err)}")
@@ -180,7 +180,7 @@ def stage(volumes: list[VolumeSpec], sandbox_root: Path, container_id: str,
     for v in volumes:
         sub = (v.sub_path or "").strip("/")
         if v.kind == "host":
-            root, rel = _host_root(v.source, allowed_host_paths, pvcs.root.parent)
+            root, rel = host_root(v.source, allowed_host_paths, pvcs.root.parent)
             rel = os.path.join(rel, sub) if sub else rel
         elif v.kind == "pvc":
             root = str(pvcs.acquire(
@@ -201,7 +201,7 @@ def stage(volumes: list[VolumeSpec], sandbox_root: Path, container_id: str,
         try:
             target = vol_dir / v.name
             target.mkdir(mode=0o700)
-            _bind_fd(fd, target)
+            bind_fd(fd, target)
         finally:
             os.close(fd)
         staged.append(StagedVolume(v, target))
