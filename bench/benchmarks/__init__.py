@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from bench.benchmarks import (
     code,
     commands,
+    console,
     create,
     density,
     docker_backend,
@@ -37,6 +38,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "volumes": volumes.run,
     "state": state.run,
     "gvisor": gvisor.run,
+    "console": console.run,
     "density": density.run,
     "observability": observability.run,  # last: it skips itself when the budget is short
 }
@@ -54,6 +56,7 @@ EXPECTED_KEYS: dict[str, tuple[str, ...]] = {
     "volumes": volumes.KEYS,
     "state": state.KEYS,
     "gvisor": gvisor.KEYS,
+    "console": console.KEYS,
     "density": density.KEYS,
     "observability": observability.KEYS,
 }
