@@ -6,7 +6,7 @@ DATA_DIR ?= /var/lib/sandlot
 CONFIG   ?= $(DATA_DIR)/config.toml
 PYTEST_ARGS ?=
 
-.PHONY: deps run image test bench lint clean
+.PHONY: deps run image test bench lint clean console
 
 deps:
 	@scripts/install-deps.sh
@@ -25,6 +25,11 @@ test: deps
 bench: deps
 	SANDLOT_WITH_DOCKER=1 scripts/install-deps.sh
 	$(PY) -m bench $(BENCH_ARGS)
+
+# The web console's bundle is committed (src/sandlot/console/static/), so `make run` and
+# `make test` need no Node.js; this rebuilds it from console/ with the locked npm packages.
+console:
+	cd console && npm ci --no-fund --no-audit && npm run typecheck && npm run build
 
 lint: deps
 	$(VENV)/bin/ruff check src tests bench

@@ -7,7 +7,10 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 APT_PACKAGES=(runc runsc skopeo umoci debootstrap docker-registry nftables iproute2 procps psmisc
               ca-certificates util-linux mount e2fsprogs tmux zstd postgresql
-              openjdk-17-jdk-headless golang-go)
+              openjdk-17-jdk-headless golang-go
+              chromium)
+# chromium: the web console's tests drive it headless through Playwright (whose own browser
+# download is not used).
 # docker.io: the docker runtime's tests and the bench start a private dockerd of their own.
 # SANDLOT_WITH_DOCKER=0 leaves it out.
 if [ "${SANDLOT_WITH_DOCKER:-1}" = 1 ]; then APT_PACKAGES+=(docker.io); fi

@@ -240,6 +240,13 @@ class TracingConfig(_Section):
 
     otlp_endpoint: str | None = None  # e.g. "http://127.0.0.1:4318/v1/traces"; unset = off
     service_name: str = "sandlot"
+class ConsoleConfig(_Section):
+    """The web console at ``/console`` (docs/console.md)."""
+
+    enabled: bool = True
+    # A browser session ends after this long unused, and at the latest this long after sign-in.
+    session_idle_seconds: int = Field(default=2 * 3600, ge=60)
+    session_lifetime_seconds: int = Field(default=12 * 3600, ge=60)
 
 
 class Config(_Section):
@@ -258,6 +265,7 @@ class Config(_Section):
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    console: ConsoleConfig = Field(default_factory=ConsoleConfig)
     data_dir: Path = DEFAULT_DATA_DIR
     _warnings: list[str] = PrivateAttr(default_factory=list)
     _refusals: list[str] = PrivateAttr(default_factory=list)

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from sandlot import __version__
 from sandlot.config import Config
+from sandlot.console.routes import install_console
 from sandlot.runtime.base import Runtime
 from sandlot.server.api import (
     diagnostics,
@@ -117,5 +118,6 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
     # Inside the key check: unauthenticated requests are neither counted nor traced.
     observability = Observability.create(app, cfg)
     app.add_middleware(ApiKeyMiddleware, authenticators=authenticators,
-                       extra_public=frozenset({"/metrics"}) if cfg.metrics.open else frozenset())
+                       extra_public=frozenset({"/metrics"}) if cfg.metrics.open else frozenset(),
+                       sessions=install_console(app, cfg))
     return app

@@ -1,5 +1,10 @@
 """Authentication gate and request ids, as pure ASGI middleware.
 
+The web console's browser sessions enter here and nowhere else: a request with a console
+cookie and no key header is given the key its session signed in with (``console.sessions``,
+which also checks the CSRF token and strips cookie and token), and then faces the same
+authenticators as every client.
+
 Each request is resolved to a principal (a tenant or an administrator) by the first of
 ``authenticators`` that vouches for it (``tenancy.authn``: the API key, or one plugged in
 later); the principal is set for the request's duration (``tenancy.principal``). No
@@ -17,6 +22,7 @@ from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sandlot.console.sessions import SessionRejected, SessionStore
 from sandlot.server import codes
 from sandlot.server.tenancy.authn import API_KEY_HEADER, Authenticator
 from sandlot.server.tenancy.principal import ADMIN, ANONYMOUS, Principal, acting_as
@@ -24,14 +30,32 @@ from sandlot.server.tenancy.principal import ADMIN, ANONYMOUS, Principal, acting
 REQUEST_ID_HEADER = b"x-request-id"
 # Reachable without a key, as on the reference server (liveness probes, version checks).
 PUBLIC_PATHS = frozenset({"/health", "/version"})
+# The console's page shell and its static assets hold no data: its sign-in form is among them.
+PUBLIC_PREFIXES = ("/console/static/",)
+PUBLIC_PAGES = frozenset({"/console", "/console/"})
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path in PUBLIC_PAGES or path.startswith(PUBLIC_PREFIXES)
 
 
 class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, authenticators: Sequence[Authenticator],
-                 extra_public: frozenset[str] = frozenset()):
+    def __init__(
+        self,
+        app: ASGIApp,
+        authenticators: Sequence[Authenticator],
+        extra_public: frozenset[str] = frozenset(),
+        sessions: SessionStore | None = None,
+    ):
         self.app = app
         self.authenticators = authenticators  # read per request: plug-ins may be added later
         self.public = PUBLIC_PATHS | extra_public  # e.g. /metrics with [metrics] open
+        # The console's browser sessions: a request without the key header but with a console
+        # cookie (and its CSRF token) is given the key that session signed in with.
+        self.sessions = sessions
+
+    def _is_public(self, path: str) -> bool:
+        return path in self.public or is_public(path)
 
     async def _principal(self, scope: Scope) -> Principal | None:
         if not self.authenticators:
@@ -55,23 +79,38 @@ class ApiKeyMiddleware:
                 message["headers"] = [*message["headers"], (REQUEST_ID_HEADER, request_id)]
             await send(message)
 
+        given = headers.get(API_KEY_HEADER)
+        if self.sessions is not None and not given:
+            try:
+                resolved = self.sessions.authenticate(scope)
+            except SessionRejected as exc:
+                await _refuse(scope, send, send_with_id, (exc.code, exc.message))
+                return
+            if resolved is not None:
+                # The session's key goes in as the header: the same authenticators decide.
+                scope, given = resolved
+                scope["headers"] = [*scope["headers"], (API_KEY_HEADER, given)]
         principal = await self._principal(scope)
-        if principal is None and scope["path"] not in self.public:
-            await _refuse(scope, send, send_with_id, headers.get(API_KEY_HEADER))
+        if principal is None and not self._is_public(scope["path"]):
+            await _refuse(scope, send, send_with_id, _key_problem(given))
             return
         with acting_as(principal or ANONYMOUS):  # public paths: a principal that sees nothing
             await self.app(scope, receive, send_with_id)
 
 
-async def _refuse(scope: Scope, send: Send, send_with_id: Send, given: bytes | None) -> None:
+def _key_problem(given: bytes | None) -> tuple[str, str]:
     # The reference's codes: an empty header counts as missing.
-    code, message = (
-        (codes.MISSING_API_KEY,
-         "No credentials: send the API key in the OPEN-SANDBOX-API-KEY header.")
-        if not given
-        else (codes.INVALID_API_KEY,
-              "The API key in OPEN-SANDBOX-API-KEY is not valid for this server.")
-    )
+    if not given:
+        return (codes.MISSING_API_KEY,
+                "No credentials: send the API key in the OPEN-SANDBOX-API-KEY header.")
+    return (codes.INVALID_API_KEY,
+            "The API key in OPEN-SANDBOX-API-KEY is not valid for this server.")
+
+
+async def _refuse(
+    scope: Scope, send: Send, send_with_id: Send, problem: tuple[str, str]
+) -> None:
+    code, message = problem
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1008, "reason": message})
         return
