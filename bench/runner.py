@@ -36,7 +36,7 @@ class Options:
     out_dir: Path = Path(__file__).resolve().parent / "results"
     image_cache: Path = DEFAULT_IMAGE_CACHE
     docker: bool | None = None  # None: on for full runs, off for --quick
-    build_images: bool | None = None  # None: build what the chosen benchmarks measure, unless --quick
+    build_images: bool | None = None  # None: what the chosen benchmarks measure, unless quick
     profile: str | None = None
     profiler: str = "py-spy"
     budget: float | None = None  # seconds for all benchmarks (default: 13 min, 5 with --quick)
@@ -177,6 +177,7 @@ def _describe_host(opts: Options) -> dict[str, object]:
         "commit": first_line(["git", "-C", str(Path(__file__).resolve().parent.parent),
                               "rev-parse", "--short", "HEAD"]),
         "image_cache": str(opts.image_cache),
+        "runtime_toml": os.environ.get("SANDLOT_BENCH_RUNTIME_TOML", ""),
     }
 
 

@@ -44,6 +44,7 @@ from sandlot.errors import (
 from sandlot.images.model import Image, ImageConfig, RegistryAuth
 from sandlot.net.manager import NetworkManager
 from sandlot.runtime import cgroupstats, execd_client
+from sandlot.runtime.admission import StartGate
 from sandlot.runtime.base import (
     ContainerInfo,
     ContainerState,
@@ -98,6 +99,8 @@ class ImageSource(Protocol):
 # Mount points of user-namespaced sandboxes' root file systems (see ``rootfs_of``), one
 # folder per data dir.
 ROOTS_DIR = Path("/run/sandlot-rootfs")
+# How long a cold create holds its start slot waiting for execd's first /ping.
+STARTED_WAIT = 30.0
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _STATES = {
     "created": ContainerState.CREATED,
@@ -153,8 +156,12 @@ class OciRuntime(Runtime):
         runsc_platform: str = "ptrace",
         pause_mode: str = "freeze",
         user_namespaces: bool = False,
+        max_concurrent_starts: int = 0,
     ) -> None:
         self.data_dir = data_dir
+        # Cold starts and warm-pool refills queue here (admission.py): a burst of creates
+        # runs a few starts at a time instead of all of them slowly.
+        self.starts = StartGate(max_concurrent_starts)
         # Root in a sandbox is an unprivileged host uid range of its own (see uidrange.py).
         self.user_namespaces = user_namespaces
         self.ranges = uidrange.UidRanges(data_dir / "sandboxes")
@@ -241,7 +248,8 @@ class OciRuntime(Runtime):
                  network=network, allowed_host_paths=cfg.storage.allowed_host_paths,
                  default_disk_bytes=parse_ephemeral_storage(default_disk) if default_disk else None,
                  runsc_platform=cfg.runtime.runsc_platform, pause_mode=cfg.runtime.pause_mode,
-                 user_namespaces=userns)
+                 user_namespaces=userns,
+                 max_concurrent_starts=cfg.runtime.max_concurrent_starts)
         if rt._own_pool_dir():
             await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
             if network is not None:
@@ -320,7 +328,10 @@ class OciRuntime(Runtime):
                 self.pause_modes.record(self.paths(spec.sandbox_id), mode)
                 return CreateResult(execd_ready=True)  # its execd has just answered the claim
             try:
-                await self._create(spec, image, p)
+                async with self.starts.slot():
+                    await self._create(spec, image, p)
+                    # Inside the slot: execd's start-up is most of a start's CPU.
+                    ready = await self._wait_started(spec)
             except BaseException as exc:
                 with contextlib.suppress(Exception):
                     await self._teardown(spec.sandbox_id)
@@ -331,7 +342,17 @@ class OciRuntime(Runtime):
                     raise RuntimeFailure(f"cannot start sandbox {spec.sandbox_id}: {exc}") from exc
                 raise
             self.pause_modes.record(p, mode)
-            return CreateResult(execd_ready=False)
+            return CreateResult(execd_ready=ready)
+
+    async def _wait_started(self, spec: SandboxSpec) -> bool:
+        """Until the new sandbox's execd answers ``/ping`` (True), or give up waiting (False:
+        the server's own wait then decides, with its longer timeout and its error)."""
+        try:
+            await execd_client.wait_ready(self._execd_connect(spec.sandbox_id),
+                                          spec.execd_token, STARTED_WAIT)
+        except TimeoutError:
+            return False
+        return True
 
     async def _create(
         self, spec: SandboxSpec, image: Image, p: SandboxPaths, pooled: bool = False
@@ -737,8 +758,10 @@ class OciRuntime(Runtime):
                            disk_bytes=self.default_disk_bytes)
         p = SandboxPaths.of(self.data_dir, cid)
         try:
-            await self._create(spec, image, p, pooled=True)
-            await execd_client.wait_ready(self._execd_connect(cid), None, pool.READY_TIMEOUT)
+            async with self.starts.slot(background=True):  # after every waiting request
+                await self._create(spec, image, p, pooled=True)
+                await execd_client.wait_ready(self._execd_connect(cid), None,
+                                              pool.READY_TIMEOUT)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._teardown(cid)
