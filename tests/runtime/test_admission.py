@@ -94,6 +94,6 @@ async def test_an_exception_in_the_body_frees_the_slot() -> None:
         assert gate.running == 1
 
 
-def test_zero_means_one_slot_per_cpu() -> None:
+def test_zero_means_two_slots_per_cpu() -> None:
     assert StartGate(0).slots == default_slots() >= 1
     assert StartGate(3).slots == 3
