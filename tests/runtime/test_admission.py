@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
+from sandlot.config import Config
 from sandlot.runtime.admission import StartGate, default_slots
 
 
@@ -97,3 +100,14 @@ async def test_an_exception_in_the_body_frees_the_slot() -> None:
 def test_zero_means_two_slots_per_cpu() -> None:
     assert StartGate(0).slots == default_slots() >= 1
     assert StartGate(3).slots == 3
+
+
+def test_the_config_key_is_honoured_and_bounded(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text("[runtime]\nmax_concurrent_starts = 3\n")
+    cfg = Config.load(cfg_file)
+    assert cfg.runtime.max_concurrent_starts == 3
+    assert not any("max_concurrent_starts" in w for w in cfg.warnings())
+    assert Config().runtime.max_concurrent_starts == 0  # two per CPU
+    with pytest.raises(ValidationError, match="max_concurrent_starts"):
+        Config.model_validate({"runtime": {"max_concurrent_starts": -1}})
