@@ -198,7 +198,8 @@ class OciRuntime(Runtime):
         self._connector = netns.NetnsConnector()
         self.claims = pool.ClaimStore(data_dir / "pool" / "claims")
         self.pool = pool.WarmPool(warm_pool_size, list(warm_pool_images or []),
-                                  self._make_warm, self._teardown)
+                                  self._make_warm, self._teardown,
+                                  parallel=self._refills_at_once())
         self._made_warm: set[str] = set()  # warm containers this instance started
         self.snapshots = SnapshotLayers(data_dir / "snapshots")
         # Named pools (``/v1/pools``): pool name -> its warm pool and the image name it keeps.
@@ -343,6 +344,12 @@ class OciRuntime(Runtime):
                 raise
             self.pause_modes.record(p, mode)
             return CreateResult(execd_ready=ready)
+
+    def _refills_at_once(self) -> int:
+        """Warm starts a pool may run at once: half the start slots. Refills take their
+        slots only while no create waits (admission.py), so a drained pool refills as fast
+        as the machine has room for, and half the slots stay free for creates that come."""
+        return max(1, self.starts.slots // 2)
 
     async def _wait_started(self, spec: SandboxSpec) -> bool:
         """Until the new sandbox's execd answers ``/ping`` (True), or give up waiting (False:
@@ -533,7 +540,8 @@ class OciRuntime(Runtime):
             return
         if current is not None:
             await self.remove_pool(name)
-        keeper = pool.WarmPool(size, [local.name], self._make_warm, self._teardown)
+        keeper = pool.WarmPool(size, [local.name], self._make_warm, self._teardown,
+                               parallel=self._refills_at_once())
         self.named_pools[name] = (keeper, local.name)
         keeper.prewarm(local)
 
@@ -718,7 +726,7 @@ class OciRuntime(Runtime):
         """Start keeping warm containers of ``image`` (no-op unless it is a pooled image
         stored here: prewarming never pulls).
 
-        Returns at once; the pool fills in the background, one create at a time.
+        Returns at once; the pool fills in the background (``_refills_at_once``).
         """
         local = self.images.get(image.reference)
         if local is None:
