@@ -314,36 +314,38 @@ class OciRuntime(Runtime):
             image = await self.resolve_image(spec.image, progress)
         if progress is not None:
             await progress("Starting", "starting the container")
-        async with self._locks[spec.sandbox_id]:
-            p = SandboxPaths.of(self.data_dir, spec.sandbox_id)
-            if (p.root.exists() or self.runc.has_state(spec.sandbox_id)
-                    or self.claims.get(spec.sandbox_id)):
-                raise Conflict(f"sandbox {spec.sandbox_id} already exists")
-            mode = self.pause_modes.of_spec(spec)
-            if spec.snapshot_id is not None:  # before the container: delete sees the use
-                self.snapshots.add_user(spec.snapshot_id, spec.sandbox_id)
-            # A warm container has no volumes (its mounts are made) and the default cap.
-            poolable = not spec.volumes and spec.disk_bytes == self.default_disk_bytes
-            warm = self._take_warm(spec, image) if poolable else None
-            if warm is not None and await self._claim(spec, image, warm):
-                self.pause_modes.record(self.paths(spec.sandbox_id), mode)
-                return CreateResult(execd_ready=True)  # its execd has just answered the claim
-            try:
-                async with self.starts.slot():
+        async with contextlib.AsyncExitStack() as slot:
+            async with self._locks[spec.sandbox_id]:
+                p = SandboxPaths.of(self.data_dir, spec.sandbox_id)
+                if (p.root.exists() or self.runc.has_state(spec.sandbox_id)
+                        or self.claims.get(spec.sandbox_id)):
+                    raise Conflict(f"sandbox {spec.sandbox_id} already exists")
+                mode = self.pause_modes.of_spec(spec)
+                if spec.snapshot_id is not None:  # before the container: delete sees the use
+                    self.snapshots.add_user(spec.snapshot_id, spec.sandbox_id)
+                # A warm container has no volumes (its mounts are made) and the default cap.
+                poolable = not spec.volumes and spec.disk_bytes == self.default_disk_bytes
+                warm = self._take_warm(spec, image) if poolable else None
+                if warm is not None and await self._claim(spec, image, warm):
+                    self.pause_modes.record(self.paths(spec.sandbox_id), mode)
+                    return CreateResult(execd_ready=True)  # its execd just answered the claim
+                try:
+                    await slot.enter_async_context(self.starts.slot())
                     await self._create(spec, image, p)
-                    # Inside the slot: execd's start-up is most of a start's CPU.
-                    ready = await self._wait_started(spec)
-            except BaseException as exc:
-                with contextlib.suppress(Exception):
-                    await self._teardown(spec.sandbox_id)
-                self.snapshots.remove_user(spec.sandbox_id)
-                if isinstance(exc, RuntimeFailure | InvalidRequest):
+                except BaseException as exc:
+                    with contextlib.suppress(Exception):
+                        await self._teardown(spec.sandbox_id)
+                    self.snapshots.remove_user(spec.sandbox_id)
+                    if isinstance(exc, RuntimeFailure | InvalidRequest):
+                        raise
+                    if isinstance(exc, Exception):
+                        raise RuntimeFailure(
+                            f"cannot start sandbox {spec.sandbox_id}: {exc}") from exc
                     raise
-                if isinstance(exc, Exception):
-                    raise RuntimeFailure(f"cannot start sandbox {spec.sandbox_id}: {exc}") from exc
-                raise
-            self.pause_modes.record(p, mode)
-            return CreateResult(execd_ready=ready)
+                self.pause_modes.record(p, mode)
+            # Still in the slot (execd's start-up is most of a start's CPU), but no longer
+            # holding the sandbox's lock: a delete need not wait for the start-up.
+            return CreateResult(execd_ready=await self._wait_started(spec))
 
     def _refills_at_once(self) -> int:
         """Warm starts a pool may run at once: half the start slots. Refills take their
@@ -357,7 +359,7 @@ class OciRuntime(Runtime):
         try:
             await execd_client.wait_ready(self._execd_connect(spec.sandbox_id),
                                           spec.execd_token, STARTED_WAIT)
-        except TimeoutError:
+        except Exception:  # noqa: BLE001 - e.g. deleted meanwhile: the server's wait reports it
             return False
         return True
 
