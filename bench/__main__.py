@@ -27,8 +27,11 @@ def parse(argv: list[str]) -> Options:
     docker.add_argument("--docker", dest="docker", action="store_true", default=None,
                         help="run the docker baselines (default on, off with --quick)")
     docker.add_argument("--no-docker", dest="docker", action="store_false")
-    p.add_argument("--build-images", action="store_true",
-                   help="also build the code-interpreter image if it is missing (slow)")
+    build = p.add_mutually_exclusive_group()
+    build.add_argument("--build-images", dest="build_images", action="store_true", default=None,
+                       help="build the images the chosen benchmarks measure (code-interpreter) "
+                            "if missing (default on, off with --quick; slow the first time)")
+    build.add_argument("--no-build-images", dest="build_images", action="store_false")
     p.add_argument("--profile", metavar="NAME", choices=list(BENCHMARKS),
                    help="run NAME under a profiler; output saved under --out")
     p.add_argument("--profiler", choices=KINDS, default="py-spy",

@@ -48,7 +48,8 @@ class Scale:
 
 
 FULL = Scale(
-    create_serial=30, create_concurrency=((10, 3), (50, 1)), burst_pause=4.0, command_runs=200,
+    create_serial=30, create_concurrency=((10, 3), (50, 1), (100, 1)), burst_pause=4.0,
+    command_runs=200,
     first_byte_runs=30, stream_bytes=256 << 20, stream_runs=3, small_file_runs=30,
     large_file_bytes=1 << 30, large_file_runs=2, dir_entries=10_000, dir_runs=5,
     code_runs=100, context_runs=8, plot_runs=10, density_steps=(10, 50, 100),

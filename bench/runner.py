@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from bench.benchmarks import BENCHMARKS, EXPECTED_KEYS
+from bench.benchmarks import BENCHMARKS, EXPECTED_KEYS, IMAGES
 from bench.env import FULL, QUICK, BenchEnv
 from bench.profiling import Profiler
 from bench.report import print_table, write_chart
@@ -36,7 +36,7 @@ class Options:
     out_dir: Path = Path(__file__).resolve().parent / "results"
     image_cache: Path = DEFAULT_IMAGE_CACHE
     docker: bool | None = None  # None: on for full runs, off for --quick
-    build_images: bool = False
+    build_images: bool | None = None  # None: what the chosen benchmarks measure, unless quick
     profile: str | None = None
     profiler: str = "py-spy"
     budget: float | None = None  # seconds for all benchmarks (default: 13 min, 5 with --quick)
@@ -177,11 +177,25 @@ def _describe_host(opts: Options) -> dict[str, object]:
         "commit": first_line(["git", "-C", str(Path(__file__).resolve().parent.parent),
                               "rev-parse", "--short", "HEAD"]),
         "image_cache": str(opts.image_cache),
+        "runtime_toml": os.environ.get("SANDLOT_BENCH_RUNTIME_TOML", ""),
     }
 
 
 def _sigterm_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def images_to_build(opts: Options) -> list[str]:
+    """Images the chosen benchmarks measure, to build if missing (``image build --if-missing``).
+
+    By default a full run builds them (a newcomer's first ``make bench`` skips no row) and a
+    ``--quick`` run does not (the smoke test must stay quick; its code rows say what is
+    missing); ``--build-images`` / ``--no-build-images`` decide explicitly.
+    """
+    build = opts.build_images if opts.build_images is not None else not opts.quick
+    if not build:
+        return []
+    return sorted({image for name in opts.names for image in IMAGES.get(name, ())})
 
 
 def run(opts: Options) -> tuple[RunReport, int]:
@@ -200,10 +214,13 @@ def run(opts: Options) -> tuple[RunReport, int]:
                                             "output": msg}
         if not ok:
             report.notes.append(f"`sandlot image build base` failed: {msg}")
-        if opts.build_images:
-            ok_ci, msg_ci = ensure_image("code-interpreter", opts.image_cache, timeout=1800)
-            if not ok_ci:
-                report.notes.append(f"`sandlot image build code-interpreter` failed: {msg_ci}")
+        for image in images_to_build(opts):
+            t0 = time.perf_counter()
+            ok_img, msg_img = ensure_image(image, opts.image_cache, timeout=1800)
+            report.environment[f"{image}_image"] = {
+                "ok": ok_img, "seconds": round(time.perf_counter() - t0, 1), "output": msg_img}
+            if not ok_img:
+                report.notes.append(f"`sandlot image build {image}` failed: {msg_img}")
         server.start()
         console.print(f"sandlot server on {server.base_url} (pid {server.pid}, "
                       f"data dir {server.data_dir})")

@@ -89,7 +89,10 @@ class SandlotServer:
     network_toml: str = '[network]\nmode = "none"\n'
     # "[runtime] type" and any more config (e.g. a [docker] section) for other backends.
     runtime_type: str = "oci"
-    extra_config: str = ""
+    # More [runtime] keys, e.g. SANDLOT_BENCH_RUNTIME_TOML="max_concurrent_starts = 100" for
+    # an A/B run of one setting (the run's environment records it).
+    extra_config: str = field(
+        default_factory=lambda: os.environ.get("SANDLOT_BENCH_RUNTIME_TOML", "").replace(";", "\n"))
 
     @property
     def data_dir(self) -> Path:

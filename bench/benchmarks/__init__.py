@@ -45,6 +45,13 @@ BENCHMARKS: dict[str, Benchmark] = {
     "console": console.run,
 }
 
+# Images a benchmark measures besides ``base`` (always built): a full run builds the missing
+# ones first, so that a first run on a fresh machine skips no row.
+IMAGES: dict[str, tuple[str, ...]] = {
+    "code": (code.IMAGE,),
+    "jupyter": (jupyter.IMAGE,),
+}
+
 # Row keys (prefixes) each benchmark always reports, measured or marked skipped.
 EXPECTED_KEYS: dict[str, tuple[str, ...]] = {
     "create": create.KEYS,

@@ -71,7 +71,7 @@ async def run(env: BenchEnv) -> list[Row]:
     sc = env.scale
     labels = _labels()
     if not image_present(IMAGE, env.image_cache):
-        note = f"image `{IMAGE}` not built (python -m bench --build-images)"
+        note = f"image `{IMAGE}` not built (a full `python -m bench` builds it; --quick does not)"
         return [skipped(k, BENCH, labels[k], "ms", note, None) for k in KEYS]
     sandbox, _ = await env.sandboxes.create(IMAGE, ready_timeout=180.0)
     env.profile_execd(sandbox.id)

@@ -76,6 +76,9 @@ class RuntimeConfig(_Section):
     # Warm pool (oci): this many pre-started sandboxes per listed image, claimed by create.
     warm_pool_size: int = 2
     warm_pool_images: list[str] = Field(default_factory=lambda: ["base"])
+    # oci: container starts (runc + execd start-up) run at once; more creates queue, requests
+    # before warm-pool refills (runtime/admission.py). 0: two per CPU the server may use.
+    max_concurrent_starts: int = Field(default=0, ge=0)
     # Cap on a sandbox's writable layer when a create names no resourceLimits
     # "ephemeral-storage" (a quantity such as "2Gi"); unset = no cap (docs/volumes.md).
     default_ephemeral_storage: str | None = None
@@ -345,6 +348,8 @@ max_sandboxes = 200
 # Pre-started sandboxes per pooled image, claimed by creates in a few ms (0 turns it off).
 warm_pool_size = 2
 warm_pool_images = ["base"]
+# Container starts at once (more creates queue, before pool refills); 0 = two per CPU.
+# max_concurrent_starts = 0
 
 # Pausing: "freeze" keeps memory; "hibernate" (gVisor only) checkpoints to disk.
 # pause_mode = "freeze"

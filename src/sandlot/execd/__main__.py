@@ -2,10 +2,6 @@
 
 import sys
 
-from sandlot.execd import lazyimports
-
-lazyimports.install()  # before asyncio, uvicorn and starlette import ssl/hashlib (see lazyimports)
-
-from sandlot.execd.main import main  # noqa: E402
+from sandlot.execd.main import main
 
 sys.exit(main())

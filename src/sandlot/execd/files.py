@@ -27,7 +27,6 @@ from urllib.parse import quote
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
-from wcmatch import glob as wcglob
 
 from sandlot.errors import (
     Forbidden,
@@ -491,16 +490,16 @@ def walk(root: str, *, max_depth: int | None) -> Iterator[tuple[str, os.stat_res
     return visit(root, 1)
 
 
-_GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.DOTGLOB
-
-
 def glob_matcher(pattern: str) -> Any:
     """Match a file's base name against a doublestar pattern (``*``, ``?``, ``[..]``,
     ``{a,b}``, ``**``), as the reference's search does; ``**`` matches every name."""
     if pattern == "**":
         return lambda name: True
+    # Imported by the first search, not at start-up: every sandbox's execd starts, few search.
+    from wcmatch import glob as wcglob
+
     try:
-        compiled = wcglob.compile(pattern, flags=_GLOB_FLAGS)
+        compiled = wcglob.compile(pattern, flags=wcglob.GLOBSTAR | wcglob.BRACE | wcglob.DOTGLOB)
     except (ValueError, re.error) as exc:
         raise RuntimeFailure(f"error searching files. invalid pattern {pattern}: {exc}") from None
     return compiled.match

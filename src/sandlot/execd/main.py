@@ -154,29 +154,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return asyncio.run(_serve(ns, token, sockets, entrypoint))
 
 
-def _uvicorn() -> tuple[Any, Any]:
-    """uvicorn's ``Config`` and ``Server`` without running ``uvicorn/__init__``.
-
-    That ``__init__`` imports uvicorn's command line (click): ~10-20 ms and ~1.5 MB of a
-    process whose start-up time is every sandbox's. The package is registered unexecuted
-    (its submodules import normally) and given the two names its modules look up on it.
-    """
-    import importlib.util
-
-    if "uvicorn" not in sys.modules:
-        spec = importlib.util.find_spec("uvicorn")
-        if spec is not None and spec.submodule_search_locations is not None:
-            sys.modules["uvicorn"] = importlib.util.module_from_spec(spec)
-    from uvicorn.config import Config
-    from uvicorn.server import Server
-
-    pkg = sys.modules["uvicorn"]
-    for name, value in (("Config", Config), ("Server", Server)):
-        if not hasattr(pkg, name):
-            setattr(pkg, name, value)
-    return Config, Server
-
-
 async def _serve(
     ns: argparse.Namespace, token: str | None, sockets: list[socket.socket], entrypoint: list[str]
 ) -> int:
@@ -215,11 +192,12 @@ async def _serve(
 
         extensions.append(ClaimExtension(settings, on_claim))
     app = build_app(settings, extensions=extensions)
-    config_cls, server_cls = _uvicorn()
-    from sandlot.http_deadlines import deadline_protocol  # after _uvicorn(): imports uvicorn
+    import uvicorn
+
+    from sandlot.http_deadlines import deadline_protocol
 
     _configure_logging(ns.log_level)
-    config = config_cls(
+    config = uvicorn.Config(
         app,
         http=deadline_protocol(HEADER_TIMEOUT, BODY_IDLE_TIMEOUT),
         log_config=None,  # see _configure_logging
@@ -228,17 +206,20 @@ async def _serve(
         lifespan="on",
         timeout_graceful_shutdown=1,
         timeout_keep_alive=ns.keep_alive_timeout,
-        ws=_websocket_protocol,
+        ws=_websocket_protocol,  # type: ignore[arg-type]  # a factory: see _websocket_protocol
         ws_ping_interval=30,
         server_header=False,
     )
-    server = _quiet_server(server_cls)(config)
+    server = uvicorn.Server(config)
     loop = asyncio.get_running_loop()
 
     def on_term(sig: int) -> None:
         procs.REAPER.kill_all(signal.SIGKILL)
         server.should_exit = True  # graceful: lifespan shutdown cleans sessions and journals
 
+    # While it serves, uvicorn takes SIGINT and SIGTERM for its graceful exit (the lifespan
+    # shutdown ends the commands; whatever is left is killed when serve returns) and then
+    # hands them back to these handlers, re-raising what it caught. SIGHUP stays execd's.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, on_term, sig)
     from sandlot.execd.hibernation import Hibernation
@@ -264,8 +245,8 @@ async def _serve(
 def _configure_logging(level: str) -> None:
     """One stderr handler for execd's and uvicorn's loggers.
 
-    In place of uvicorn's own ``dictConfig`` set-up, which needs ``logging.config`` (~0.5 MB
-    of every idle execd; see lazyimports) for two formatters.
+    In place of uvicorn's own ``dictConfig`` set-up (``log_config=None``): execd's log is the
+    container's stderr, capped below.
     """
     import logging
 
@@ -364,14 +345,3 @@ def _websocket_protocol(**kwargs: Any) -> Any:
     if AutoWebSocketsProtocol is None:  # pragma: no cover - the bundle ships websockets
         raise RuntimeError("execd: no WebSocket library (websockets or wsproto) is installed")
     return AutoWebSocketsProtocol(**kwargs)
-
-
-def _quiet_server(base: Any) -> Any:
-    """uvicorn's Server without its own signal handling (execd handles signals as PID 1)."""
-
-    class Server(base):  # type: ignore[misc, valid-type]
-        @contextlib.contextmanager
-        def capture_signals(self):  # type: ignore[no-untyped-def]
-            yield
-
-    return Server

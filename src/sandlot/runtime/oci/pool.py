@@ -84,7 +84,8 @@ class ClaimStore:
 
 
 class WarmPool:
-    """Ready warm containers per image name, refilled in the background one create at a time.
+    """Ready warm containers per image name, refilled in the background, ``parallel`` creates
+    at a time.
 
     ``make(image)`` builds one warm container and returns it once its execd answers;
     ``discard(container_id)`` deletes one. Both are the runtime's.

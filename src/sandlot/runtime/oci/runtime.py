@@ -44,6 +44,7 @@ from sandlot.errors import (
 from sandlot.images.model import Image, ImageConfig, RegistryAuth
 from sandlot.net.manager import NetworkManager
 from sandlot.runtime import cgroupstats, execd_client
+from sandlot.runtime.admission import StartGate
 from sandlot.runtime.base import (
     ContainerInfo,
     ContainerState,
@@ -98,6 +99,8 @@ class ImageSource(Protocol):
 # Mount points of user-namespaced sandboxes' root file systems (see ``rootfs_of``), one
 # folder per data dir.
 ROOTS_DIR = Path("/run/sandlot-rootfs")
+# How long a cold create holds its start slot waiting for execd's first /ping.
+STARTED_WAIT = 30.0
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _STATES = {
     "created": ContainerState.CREATED,
@@ -153,8 +156,12 @@ class OciRuntime(Runtime):
         runsc_platform: str = "ptrace",
         pause_mode: str = "freeze",
         user_namespaces: bool = False,
+        max_concurrent_starts: int = 0,
     ) -> None:
         self.data_dir = data_dir
+        # Cold starts and warm-pool refills queue here (admission.py): a burst of creates
+        # runs a few starts at a time instead of all of them slowly.
+        self.starts = StartGate(max_concurrent_starts)
         # Root in a sandbox is an unprivileged host uid range of its own (see uidrange.py).
         self.user_namespaces = user_namespaces
         self.ranges = uidrange.UidRanges(data_dir / "sandboxes")
@@ -191,7 +198,8 @@ class OciRuntime(Runtime):
         self._connector = netns.NetnsConnector()
         self.claims = pool.ClaimStore(data_dir / "pool" / "claims")
         self.pool = pool.WarmPool(warm_pool_size, list(warm_pool_images or []),
-                                  self._make_warm, self._teardown)
+                                  self._make_warm, self._teardown,
+                                  parallel=self._refills_at_once())
         self._made_warm: set[str] = set()  # warm containers this instance started
         self.snapshots = SnapshotLayers(data_dir / "snapshots")
         # Named pools (``/v1/pools``): pool name -> its warm pool and the image name it keeps.
@@ -241,7 +249,8 @@ class OciRuntime(Runtime):
                  network=network, allowed_host_paths=cfg.storage.allowed_host_paths,
                  default_disk_bytes=parse_ephemeral_storage(default_disk) if default_disk else None,
                  runsc_platform=cfg.runtime.runsc_platform, pause_mode=cfg.runtime.pause_mode,
-                 user_namespaces=userns)
+                 user_namespaces=userns,
+                 max_concurrent_starts=cfg.runtime.max_concurrent_starts)
         if rt._own_pool_dir():
             await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
             if network is not None:
@@ -305,33 +314,54 @@ class OciRuntime(Runtime):
             image = await self.resolve_image(spec.image, progress)
         if progress is not None:
             await progress("Starting", "starting the container")
-        async with self._locks[spec.sandbox_id]:
-            p = SandboxPaths.of(self.data_dir, spec.sandbox_id)
-            if (p.root.exists() or self.runc.has_state(spec.sandbox_id)
-                    or self.claims.get(spec.sandbox_id)):
-                raise Conflict(f"sandbox {spec.sandbox_id} already exists")
-            mode = self.pause_modes.of_spec(spec)
-            if spec.snapshot_id is not None:  # before the container: delete sees the use
-                self.snapshots.add_user(spec.snapshot_id, spec.sandbox_id)
-            # A warm container has no volumes (its mounts are made) and the default cap.
-            poolable = not spec.volumes and spec.disk_bytes == self.default_disk_bytes
-            warm = self._take_warm(spec, image) if poolable else None
-            if warm is not None and await self._claim(spec, image, warm):
-                self.pause_modes.record(self.paths(spec.sandbox_id), mode)
-                return CreateResult(execd_ready=True)  # its execd has just answered the claim
-            try:
-                await self._create(spec, image, p)
-            except BaseException as exc:
-                with contextlib.suppress(Exception):
-                    await self._teardown(spec.sandbox_id)
-                self.snapshots.remove_user(spec.sandbox_id)
-                if isinstance(exc, RuntimeFailure | InvalidRequest):
+        async with contextlib.AsyncExitStack() as slot:
+            async with self._locks[spec.sandbox_id]:
+                p = SandboxPaths.of(self.data_dir, spec.sandbox_id)
+                if (p.root.exists() or self.runc.has_state(spec.sandbox_id)
+                        or self.claims.get(spec.sandbox_id)):
+                    raise Conflict(f"sandbox {spec.sandbox_id} already exists")
+                mode = self.pause_modes.of_spec(spec)
+                if spec.snapshot_id is not None:  # before the container: delete sees the use
+                    self.snapshots.add_user(spec.snapshot_id, spec.sandbox_id)
+                # A warm container has no volumes (its mounts are made) and the default cap.
+                poolable = not spec.volumes and spec.disk_bytes == self.default_disk_bytes
+                warm = self._take_warm(spec, image) if poolable else None
+                if warm is not None and await self._claim(spec, image, warm):
+                    self.pause_modes.record(self.paths(spec.sandbox_id), mode)
+                    return CreateResult(execd_ready=True)  # its execd just answered the claim
+                try:
+                    await slot.enter_async_context(self.starts.slot())
+                    await self._create(spec, image, p)
+                except BaseException as exc:
+                    with contextlib.suppress(Exception):
+                        await self._teardown(spec.sandbox_id)
+                    self.snapshots.remove_user(spec.sandbox_id)
+                    if isinstance(exc, RuntimeFailure | InvalidRequest):
+                        raise
+                    if isinstance(exc, Exception):
+                        raise RuntimeFailure(
+                            f"cannot start sandbox {spec.sandbox_id}: {exc}") from exc
                     raise
-                if isinstance(exc, Exception):
-                    raise RuntimeFailure(f"cannot start sandbox {spec.sandbox_id}: {exc}") from exc
-                raise
-            self.pause_modes.record(p, mode)
-            return CreateResult(execd_ready=False)
+                self.pause_modes.record(p, mode)
+            # Still in the slot (execd's start-up is most of a start's CPU), but no longer
+            # holding the sandbox's lock: a delete need not wait for the start-up.
+            return CreateResult(execd_ready=await self._wait_started(spec))
+
+    def _refills_at_once(self) -> int:
+        """Warm starts a pool may run at once: half the start slots. Refills take their
+        slots only while no create waits (admission.py), so a drained pool refills as fast
+        as the machine has room for, and half the slots stay free for creates that come."""
+        return max(1, self.starts.slots // 2)
+
+    async def _wait_started(self, spec: SandboxSpec) -> bool:
+        """Until the new sandbox's execd answers ``/ping`` (True), or give up waiting (False:
+        the server's own wait then decides, with its longer timeout and its error)."""
+        try:
+            await execd_client.wait_ready(self._execd_connect(spec.sandbox_id),
+                                          spec.execd_token, STARTED_WAIT)
+        except Exception:  # noqa: BLE001 - e.g. deleted meanwhile: the server's wait reports it
+            return False
+        return True
 
     async def _create(
         self, spec: SandboxSpec, image: Image, p: SandboxPaths, pooled: bool = False
@@ -512,7 +542,8 @@ class OciRuntime(Runtime):
             return
         if current is not None:
             await self.remove_pool(name)
-        keeper = pool.WarmPool(size, [local.name], self._make_warm, self._teardown)
+        keeper = pool.WarmPool(size, [local.name], self._make_warm, self._teardown,
+                               parallel=self._refills_at_once())
         self.named_pools[name] = (keeper, local.name)
         keeper.prewarm(local)
 
@@ -697,7 +728,7 @@ class OciRuntime(Runtime):
         """Start keeping warm containers of ``image`` (no-op unless it is a pooled image
         stored here: prewarming never pulls).
 
-        Returns at once; the pool fills in the background, one create at a time.
+        Returns at once; the pool fills in the background (``_refills_at_once``).
         """
         local = self.images.get(image.reference)
         if local is None:
@@ -737,8 +768,10 @@ class OciRuntime(Runtime):
                            disk_bytes=self.default_disk_bytes)
         p = SandboxPaths.of(self.data_dir, cid)
         try:
-            await self._create(spec, image, p, pooled=True)
-            await execd_client.wait_ready(self._execd_connect(cid), None, pool.READY_TIMEOUT)
+            async with self.starts.slot(background=True):  # after every waiting request
+                await self._create(spec, image, p, pooled=True)
+                await execd_client.wait_ready(self._execd_connect(cid), None,
+                                              pool.READY_TIMEOUT)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._teardown(cid)

@@ -234,17 +234,13 @@ async def serve_jupyter_api(
         log.warning("Jupyter API on port %d has no token: open to anyone who reaches it", port)
     api = JupyterApi(service, settings, tokens)
 
-    class _Server(uvicorn.Server):
-        """uvicorn without its signal handling: execd (the sandbox's PID 1) owns signals."""
-
-        @contextlib.contextmanager
-        def capture_signals(self):  # type: ignore[no-untyped-def]
-            yield
-
     config = uvicorn.Config(api.app, host="127.0.0.1", port=port, log_config=None,
                             log_level="warning", access_log=False, lifespan="off",
                             ws="auto", ws_max_size=64 << 20, server_header=False)
-    server = _Server(config)
+    # uvicorn takes SIGINT/SIGTERM while this serves and, once it stops, hands them back to
+    # execd's own server (started first, stopped last), re-raising what it caught: a SIGTERM
+    # ends both.
+    server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
