@@ -53,8 +53,10 @@ async def test_sdk_lifecycle_on_pods(sandlot_server: SandlotServer) -> None:
         with pytest.raises(SandboxException) as unsupported:
             await manager.pause_sandbox(sandbox.id)
         assert isinstance(unsupported.value, SandboxApiException)
-        assert unsupported.value.status_code == 501
-        assert "kubernetes" in str(unsupported.value.error.message)
+        # the server's answer to what a backend cannot do, as the reference spells it
+        assert unsupported.value.status_code == 400
+        assert "SANDBOX::API_NOT_SUPPORTED" in str(unsupported.value)
+        assert "not supported by the kubernetes runtime" in str(unsupported.value)
 
         await sandbox.kill()
         with pytest.raises(SandboxException):

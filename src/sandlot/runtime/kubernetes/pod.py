@@ -154,8 +154,8 @@ class PodPlan:
             **({"resources": resources} if resources else {}),
         }
 
-    def pod(self, spec: SandboxSpec, *, metadata: dict[str, str] | None = None,
-            pull_secret: bool = False, pooled: bool = False) -> dict[str, Any]:
+    def pod(self, spec: SandboxSpec, *, pull_secret: bool = False,
+            pooled: bool = False) -> dict[str, Any]:
         """The Pod manifest of ``spec`` (``pooled``: a warm Pod, claimed later)."""
         check_id(spec.sandbox_id)
         volumes: list[dict[str, Any]] = [
@@ -207,8 +207,8 @@ class PodPlan:
         if pull:
             pod_spec["imagePullSecrets"] = pull
         annotations = {ANNOTATION_SANDBOX: spec.sandbox_id}
-        if metadata:
-            annotations[ANNOTATION_METADATA] = json.dumps(metadata, sort_keys=True)
+        if spec.metadata:
+            annotations[ANNOTATION_METADATA] = json.dumps(spec.metadata, sort_keys=True)
         if spec.extensions:
             annotations[ANNOTATION_EXTENSIONS] = json.dumps(spec.extensions, sort_keys=True)
         return {
