@@ -213,7 +213,7 @@ class SandlotServer:
         if self.proc is None:
             return
         with self.client() as c:
-            items = c.get("/v1/sandboxes", params={"pageSize": 1000}).json().get("items", [])
+            items = c.get("/v1/sandboxes", params={"pageSize": 200}).json().get("items", [])
             for item in items:
                 c.delete(f"/v1/sandboxes/{item['id']}")
 

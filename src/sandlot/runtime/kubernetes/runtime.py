@@ -192,7 +192,7 @@ class KubernetesRuntime(Runtime):
                 await self._start(spec)
             except BaseException as exc:
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self._remove(spec.sandbox_id, wait=False))
+                    await asyncio.shield(self._remove(spec.sandbox_id))
                 if isinstance(exc, ApiException):
                     raise RuntimeFailure(f"the cluster refused sandbox {spec.sandbox_id}: "
                                          f"{explain(exc)}") from exc
@@ -248,8 +248,12 @@ class KubernetesRuntime(Runtime):
             await self._remove(sandbox_id)
         self._locks.pop(sandbox_id, None)
 
-    async def _remove(self, sandbox_id: str, wait: bool = True) -> None:
-        """Delete the Pod and its Secrets; with ``wait``, until the Pod is gone."""
+    async def _remove(self, sandbox_id: str, wait: bool = False) -> None:
+        """Delete the Pod and its Secrets; with ``wait``, until the Pod is gone.
+
+        A delete does not wait: the kubelet stops the Pod within its grace period, and a
+        terminating Pod is no longer one of the runtime's sandboxes (``list_ids``).
+        """
         name = pod_name(sandbox_id)
         self._deleting.add(sandbox_id)
         self._ips.pop(sandbox_id, None)
@@ -310,7 +314,7 @@ class KubernetesRuntime(Runtime):
             labels[LABEL_SANDBOX]
             for pod in list(self.pods.pods.values())
             if LABEL_SANDBOX in (labels := pod.metadata.labels or {})
-            and LABEL_WARM not in labels
+            and LABEL_WARM not in labels and pod.metadata.deletion_timestamp is None
         }
 
     # -- connect ------------------------------------------------------------------------
