@@ -113,6 +113,8 @@ class Cluster:
             return name
         archive = ARCHIVES / f"bundle-{bundle.path.name}.tar"
         if not archive.exists():
+            for stale in ARCHIVES.glob("bundle-*.tar"):  # of earlier sandlot code
+                stale.unlink(missing_ok=True)
             bundle_image.write_image(bundle, archive, name)
         self.load_archive(archive, name)
         return name
