@@ -56,7 +56,7 @@ class Kubectl:
         from sandlot.runtime.kubernetes import bundle_image
         from sandlot.runtime.kubernetes.archive import write_docker_archive
 
-        image = ImageStore(image_cache).get(IMAGE)
+        image = ImageStore(image_cache / "images").get(IMAGE)
         if image is None:
             raise RuntimeError("the bench image cache has no base image")
         base = ARCHIVES / f"bench-base-{image.id.split(':')[-1][:24]}.tar"
