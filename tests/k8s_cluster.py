@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import secrets
 import shutil
@@ -33,6 +34,7 @@ from sandlot.runtime.execd_bundle import ExecdBundle
 from sandlot.runtime.kubernetes import bundle_image
 from sandlot.runtime.kubernetes.archive import write_docker_archive
 
+log = logging.getLogger(__name__)
 ARCHIVES = Path(os.environ.get("SANDLOT_TEST_K8S_IMAGES", "/var/tmp/sandlot-test/k8s-images"))
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,10 +171,12 @@ def running_cluster():  # type: ignore[no-untyped-def]
         cluster.kubectl("create", "namespace", cluster.namespace, namespaced=False)
         yield cluster
     finally:
+        log.info("tearing down the test cluster's namespace %s", cluster.namespace)
         with contextlib.suppress(Exception):
             cluster.kubectl("delete", "namespace", cluster.namespace, "--wait=false",
                             namespaced=False, check=False)
         if started is not None and kit is not None:
+            log.info("stopping the test cluster in %s", started)
             subprocess.run([str(kit / "down.sh"), str(started)], capture_output=True,
                            check=False, timeout=300)
             shutil.rmtree(started, ignore_errors=True)

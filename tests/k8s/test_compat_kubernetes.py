@@ -62,6 +62,9 @@ async def test_sdk_lifecycle_on_pods(sandlot_server: SandlotServer) -> None:
         with pytest.raises(SandboxException):
             await manager.get_sandbox_info(sandbox.id)
         assert sandbox.id not in sandlot_server.runtime_ids()
+        # the delete is answered at once; the kubelet stops the Pod within its grace period
+        sandlot_server.k8s.kubectl("wait", "--for=delete", f"pod/sandlot-{sandbox.id}",
+                                   "--timeout=90s", check=False)
         assert sandlot_server.k8s.kubectl(
             "get", "pod", f"sandlot-{sandbox.id}", check=False).returncode != 0
         assert not sandlot_server.k8s.kubectl(
