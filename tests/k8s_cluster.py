@@ -179,4 +179,6 @@ def running_cluster():  # type: ignore[no-untyped-def]
             log.info("stopping the test cluster in %s", started)
             subprocess.run([str(kit / "down.sh"), str(started)], capture_output=True,
                            check=False, timeout=300)
-            shutil.rmtree(started, ignore_errors=True)
+            # rm(1): far faster than shutil.rmtree on the node's unpacked images
+            subprocess.run(["rm", "-rf", "--one-file-system", str(started)],
+                           capture_output=True, check=False, timeout=600)
