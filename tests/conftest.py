@@ -8,6 +8,9 @@
 - ``private_dockerd`` / ``docker_base_image``: a dockerd of the session's own (see
   ``tests/docker_engine.py``) and the ``base`` image imported into it (as
   ``sandlot-test/base:latest`` and ``python:3.12``); nothing is pulled from a registry.
+- ``k8s_cluster`` / ``k8s_images``: one Kubernetes cluster per session from the kit beside
+  the checkout (see ``tests/k8s_cluster.py``) with ``base`` (as ``python:3.12``) and the execd
+  bundle image loaded into its node; skipped when there is no kit and no KUBECONFIG.
 - ``registry`` / ``auth_registry``: a Debian ``docker-registry`` on 127.0.0.1 with a free
   port and temp storage (the second with htpasswd auth); stopped and deleted afterwards.
   ``registry.push_layout(layout, "name:tag")`` and ``registry.push_rootfs(dir, "name:tag")``
@@ -35,6 +38,7 @@ import pytest
 from sandlot.images.model import Image, RegistryAuth
 from sandlot.images.store import ImageStore
 from tests.docker_engine import PrivateDockerd, running_dockerd
+from tests.k8s_cluster import Cluster, running_cluster
 
 # Servers and runtimes of the tests run in the machine's own network namespace, where they
 # must not create veths, nft tables or forwarding: loopback-only sandboxes unless a test says
@@ -70,6 +74,24 @@ def docker_base_image(private_dockerd: PrivateDockerd, base_image: Image) -> str
     """The ``base`` image in the private dockerd; returns its first tag."""
     private_dockerd.import_image(base_image, *DOCKER_BASE_TAGS)
     return DOCKER_BASE_TAGS[0]
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster() -> Iterator[Cluster]:
+    with running_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def k8s_images(k8s_cluster: Cluster, base_image: Image) -> Cluster:
+    """``base`` as ``python:3.12`` and the execd bundle image (of the shared bundle cache
+    the compat servers use) in the cluster's node."""
+    from sandlot.runtime.execd_bundle import ensure_bundle
+
+    k8s_cluster.import_image(base_image, "python:3.12")
+    cache = Path(os.environ.get("SANDLOT_TEST_BUNDLE", "/var/tmp/sandlot-test/execd-bundle"))
+    k8s_cluster.load_bundle(ensure_bundle(cache))
+    return k8s_cluster
 
 
 def free_port() -> int:

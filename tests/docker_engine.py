@@ -41,6 +41,9 @@ PERSISTENT_ROOT = Path(os.environ.get("SANDLOT_TEST_DOCKERD", "/var/tmp/sandlot-
 SOURCE_LABEL = "io.sandlot.test.source"
 BENCHMARK_RANGE = ipaddress.ip_network("198.18.0.0/15")
 GVISOR_RUNTIME = "sandlot-runsc"  # runsc as an engine runtime (when installed)
+# The test Kubernetes kit's ranges (service range, node address, Pod network): a dockerd of
+# the same session must not take them, or the cluster's up.sh refuses to start.
+K8S_KIT_RANGES = (ipaddress.ip_network("198.18.0.0/23"), ipaddress.ip_network("198.19.0.0/24"))
 
 
 def _routed_networks() -> list[ipaddress.IPv4Network]:
@@ -59,7 +62,7 @@ def _routed_networks() -> list[ipaddress.IPv4Network]:
 
 def free_test_subnets(count: int) -> list[ipaddress.IPv4Network]:
     """``count`` /24s of 198.18.0.0/15 that no route of this host touches yet."""
-    used = _routed_networks()
+    used = [*_routed_networks(), *K8S_KIT_RANGES]
     candidates = list(BENCHMARK_RANGE.subnets(new_prefix=24))
     random.shuffle(candidates)
     picked = [n for n in candidates if not any(n.overlaps(u) for u in used)][:count]

@@ -15,6 +15,7 @@ from bench.benchmarks import (
     files,
     gvisor,
     jupyter,
+    kubernetes,
     network,
     observability,
     proxy,
@@ -38,6 +39,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "volumes": volumes.run,
     "state": state.run,
     "gvisor": gvisor.run,
+    "kubernetes": kubernetes.run,
     "density": density.run,
     "observability": observability.run,  # it skips itself when the budget is short
     # After the rest: 100 sandboxes and a browser take minutes; when the budget is spent the
@@ -66,6 +68,7 @@ EXPECTED_KEYS: dict[str, tuple[str, ...]] = {
     "state": state.KEYS,
     "gvisor": gvisor.KEYS,
     "console": console.KEYS,
+    "kubernetes": kubernetes.KEYS,
     "density": density.KEYS,
     "observability": observability.KEYS,
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -111,7 +111,7 @@ class SecureRuntimeConfig(_Section):
     docker runtime uses the engine runtime named by ``docker_runtime``. The other upstream
     types (kata, firecracker) are not implemented: ``UNSUPPORTED_VALUES`` hands them to the
     config audit, which refuses them at start (never a silent fall-back to runc).
-    ``k8s_runtime_class`` is not a field: the audit warns that it is ignored.
+    The kubernetes runtime uses the RuntimeClass named by ``k8s_runtime_class``.
     """
 
     UNSUPPORTED_VALUES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -120,11 +120,15 @@ class SecureRuntimeConfig(_Section):
 
     type: str = ""
     docker_runtime: str | None = None
+    k8s_runtime_class: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> SecureRuntimeConfig:
         if self.type not in ("", "gvisor", *self.UNSUPPORTED_VALUES["type"]):
             raise ValueError(f"[secure_runtime] type must be \"\" or \"gvisor\", not {self.type!r}")
+        if self.type == "" and self.k8s_runtime_class:
+            raise ValueError(
+                '[secure_runtime] k8s_runtime_class needs a type (e.g. type = "gvisor")')
         if self.type == "" and self.docker_runtime:
             raise ValueError('[secure_runtime] docker_runtime needs a type (e.g. type = "gvisor")')
         return self
@@ -252,6 +256,45 @@ class ConsoleConfig(_Section):
     session_lifetime_seconds: int = Field(default=12 * 3600, ge=60)
 
 
+class KubernetesConfig(_Section):
+    """``[kubernetes]``: upstream's keys that apply to sandlot's Pod-per-sandbox runtime
+    (``[runtime] type = "kubernetes"``) and sandlot's own; see docs/runtime-kubernetes.md.
+
+    Upstream's informer and rate-limiter tuning and its workload providers are not fields:
+    the config audit warns that they are ignored.
+    """
+
+    # Upstream's keys.
+    kubeconfig_path: str | None = None  # unset: $KUBECONFIG, else the in-cluster account
+    namespace: str = "default"
+    service_account: str | None = None  # the sandbox Pods' (its token is never mounted)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    sandbox_create_timeout_seconds: int = Field(default=120, ge=1)
+    # {limits = {...}, requests = {...}} of the init container that installs execd.
+    execd_init_resources: dict[str, dict[str, str]] = Field(default_factory=dict)
+    # sandlot's own.
+    # How the server reaches execd and sandbox ports: "pod-ip" where Pod addresses route
+    # (in the cluster, or a host on the Pod network), "port-forward" through the API server.
+    connect_mode: Literal["pod-ip", "port-forward"] = "pod-ip"
+    # The image carrying the execd bundle (unset: sandlot.local/execd-bundle:<bundle key>,
+    # loaded into nodes or a registry with `sandlot kubernetes bundle-image`).
+    execd_bundle_image: str | None = None
+    bundle_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    # Requests are this fraction of the limits: 1 (upstream) gives Guaranteed QoS; less
+    # overcommits a small cluster.
+    request_fraction: float = Field(default=1.0, gt=0, le=1)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    image_pull_secrets: list[str] = Field(default_factory=list)  # Secrets every Pod may use
+    read_only_root_filesystem: bool = False  # true breaks images that write outside volumes
+    drop_capabilities: list[str] | None = None  # unset: [docker]'s default list
+    termination_grace_period_seconds: int = Field(default=2, ge=0)
+    # Marks this sandlot's Pods; unset: an id kept in data_dir (set it when data_dir is
+    # not persistent, e.g. in the cluster deployment).
+    owner: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
@@ -262,6 +305,7 @@ class Config(_Section):
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     egress: EgressConfig = Field(default_factory=EgressConfig)
     docker: DockerConfig = Field(default_factory=DockerConfig)
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     tenants: TenantsConfig = Field(default_factory=TenantsConfig)
     log: LogConfig = Field(default_factory=LogConfig)

@@ -49,11 +49,24 @@ UPSTREAM: dict[str, dict[str, Rule]] = {
     "renew_intent": {k: Rule(False, inert=(False,) if k == "enabled" else (),
                              why="renew-on-access is the sandbox's extensions key here")
                      for k in ("enabled", "min_interval_seconds", "redis")},
-    "kubernetes": {}, "agent_sandbox": {},  # runtimes sandlot does not have: warned
+    "kubernetes": {
+        k: Rule(False, why="sandlot's kubernetes runtime watches Pods itself (no informer "
+                           "cache or client-side rate limits)")
+        for k in ("informer_enabled", "informer_resync_seconds",
+                  "informer_watch_timeout_seconds", "read_qps", "read_burst", "write_qps",
+                  "write_burst", "sandbox_create_poll_interval_seconds")
+    } | {
+        "workload_provider": Rule(False, inert=(None, "", "pod"),
+                                  why="sandlot runs one plain Pod per sandbox"),
+        "batchsandbox_template_file": Rule(False, inert=(None, ""),
+                                           why="no BatchSandbox workloads"),
+        "snapshot_create_timeout_seconds": Rule(False,
+                                                why="the kubernetes runtime has no snapshots"),
+    },
+    "agent_sandbox": {},  # a runtime sandlot does not have: warned
     "secure_runtime": {
         "type": Rule(True, inert=("",), why='only type = "gvisor" is implemented'),
         "docker_runtime": Rule(True, inert=(None, "")),
-        "k8s_runtime_class": Rule(False, why="no kubernetes runtime"),
     },
     "egress": {  # [egress] mode is honoured (dns | dns+nft)
         "image": Rule(False, why=_NO_SIDECAR),

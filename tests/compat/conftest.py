@@ -41,6 +41,7 @@ from sandlot.runtime.base import Runtime
 from sandlot.runtime.registry import runtime_class
 from tests.conftest import free_port
 from tests.docker_engine import PrivateDockerd
+from tests.k8s_cluster import Cluster
 
 COMPAT_IMAGE = "python:3.12"
 BUNDLE_CACHE = Path(os.environ.get("SANDLOT_TEST_BUNDLE", "/var/tmp/sandlot-test/execd-bundle"))
@@ -59,6 +60,8 @@ GVISOR_CONFIG = '[secure_runtime]\ntype = "gvisor"\n'
 
 
 def needs_backend(backend: str) -> None:
+    if backend == "kubernetes":
+        return  # the k8s_cluster fixture skips when there is no cluster
     needs_root()
     if backend == "runsc" and shutil.which("runsc") is None:
         pytest.skip("gVisor's runsc is not installed (scripts/install-deps.sh installs it)")
@@ -74,9 +77,11 @@ class SandlotServer:
         max_timeout: int = 3600,
         backend: str = "oci",
         docker: PrivateDockerd | None = None,
+        k8s: Cluster | None = None,
     ):
         self.backend = backend
         self.docker = docker
+        self.k8s = k8s
         self.data_dir = Path(tempfile.mkdtemp(prefix="slc-", dir="/tmp"))
         (self.data_dir / "images").symlink_to(image_root)
         BUNDLE_CACHE.mkdir(parents=True, exist_ok=True)
@@ -101,6 +106,9 @@ class SandlotServer:
             return '[runtime]\ntype = "docker"\n[docker]\nnetwork_mode = "bridge"\n'
         if self.backend == "runsc":
             return GVISOR_CONFIG
+        if self.backend == "kubernetes":
+            assert self.k8s is not None
+            return '[runtime]\ntype = "kubernetes"\n' + self.k8s.config_toml()
         return ""
 
     @property
@@ -112,6 +120,8 @@ class SandlotServer:
         return Config.model_validate({
             "data_dir": str(self.data_dir), "runtime": {"type": self.runtime_type},
             "docker": {"network_mode": "bridge"},
+            **({"kubernetes": {"kubeconfig_path": str(self.k8s.kubeconfig),
+                               "namespace": self.k8s.namespace}} if self.k8s else {}),
             **({"secure_runtime": {"type": "gvisor"}} if self.backend == "runsc" else {})})
 
     def _engine_env(self) -> dict[str, str]:
@@ -122,6 +132,8 @@ class SandlotServer:
         if self.docker is not None:
             self.docker.import_image(image, name if ":" in name.rsplit("/", 1)[-1]
                                      else f"{name}:latest")
+        if self.k8s is not None:
+            self.k8s.import_image(image, name)
 
     @property
     def domain(self) -> str:
@@ -201,7 +213,7 @@ class SandlotServer:
         if self.proc is None:
             return
         with self.client() as c:
-            items = c.get("/v1/sandboxes", params={"pageSize": 1000}).json().get("items", [])
+            items = c.get("/v1/sandboxes", params={"pageSize": 200}).json().get("items", [])
             for item in items:
                 c.delete(f"/v1/sandboxes/{item['id']}")
 
@@ -270,7 +282,8 @@ def _new_server(request: pytest.FixtureRequest, image_root: Path, backend: str) 
     if backend == "docker":
         docker = request.getfixturevalue("private_dockerd")
         request.getfixturevalue("docker_base_image")  # python:3.12 in the engine
-    return SandlotServer(image_root, backend=backend, docker=docker)
+    k8s = request.getfixturevalue("k8s_images") if backend == "kubernetes" else None
+    return SandlotServer(image_root, backend=backend, docker=docker, k8s=k8s)
 
 
 @pytest.fixture(scope="module")

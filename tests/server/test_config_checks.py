@@ -33,7 +33,7 @@ def test_key_allows_any_host() -> None:
     check_config(cfg(api_key="k", host="0.0.0.0"))
 
 
-@pytest.mark.parametrize("kind", ["kubernetes", "firecracker"])
+@pytest.mark.parametrize("kind", ["agent-sandbox", "firecracker"])
 def test_unavailable_runtime_types(kind: str) -> None:
     c = Config.model_validate({"server": {"api_key": "k"}, "runtime": {"type": kind}})
     with pytest.raises(StartupRefused, match=f"unknown runtime type '{kind}'.*oci"):

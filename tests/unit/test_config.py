@@ -136,7 +136,7 @@ def test_unknown_runtime_type_lists_the_known_ones() -> None:
     assert "unknown runtime type 'nope'" in str(err.value)
     assert "known runtime types: " in str(err.value) and "oci" in str(err.value)
     with pytest.raises(UnknownRuntime, match="oci"):
-        runtime_class("kubernetes")
+        runtime_class("agent-sandbox")
     assert runtime_class("oci").name == "oci"
     assert "oci" in known_runtimes()
 

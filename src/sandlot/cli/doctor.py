@@ -248,6 +248,18 @@ def check_docker(cfg: Config) -> Check | None:
                  f"{', '.join(runtimes)}", required=cfg.runtime.type == "docker")
 
 
+def check_kubernetes(cfg: Config) -> list[Check] | None:
+    """Cluster access and permissions (``sandlot.runtime.kubernetes.checks``)."""
+    if cfg.runtime.type != "kubernetes":
+        return None
+    import asyncio
+
+    from sandlot.runtime.kubernetes.checks import cluster_findings
+
+    return [Check(f.name, f.ok, f.detail, f.fix, required=True)
+            for f in asyncio.run(cluster_findings(cfg))]
+
+
 def check_data_dir(data_dir: Path) -> Check:
     probe = data_dir if data_dir.exists() else next(
         (p for p in data_dir.parents if p.exists()), Path("/"))
@@ -270,7 +282,7 @@ def check_data_dir(data_dir: Path) -> Check:
 def run_checks(cfg: Config) -> list[Check]:
     steps: list[Callable[[], Check | list[Check] | None]] = [
         lambda: check_runtimes(cfg), check_cgroups, lambda: check_overlay(cfg.data_dir),
-        check_userns, check_network, lambda: check_docker(cfg),
+        check_userns, check_network, lambda: check_docker(cfg), lambda: check_kubernetes(cfg),
         lambda: check_data_dir(cfg.data_dir),
     ]
     checks: list[Check] = []

@@ -121,6 +121,9 @@ def _register_image_commands() -> None:
     from sandlot.cli.image import image
 
     main.add_command(image)
+    from sandlot.cli.kubernetes import kubernetes
+
+    main.add_command(kubernetes)
 
 
 _register_image_commands()

@@ -87,6 +87,8 @@ class SandboxSpec:
     volumes: list[VolumeSpec] = field(default_factory=list)
     network_policy: NetworkPolicy | None = None  # None = unrestricted (as upstream)
     extensions: dict[str, str] = field(default_factory=dict)
+    # The create request's metadata (backends that can label their containers show it).
+    metadata: dict[str, str] = field(default_factory=dict)
     # Start from this snapshot's filesystem instead of ``image`` (runtimes with snapshots).
     snapshot_id: str | None = None
 

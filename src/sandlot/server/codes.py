@@ -7,6 +7,11 @@ code or a reason sees the same string here. docs/compatibility.md lists each one
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sandlot.runtime.base import ContainerInfo
+
 # ----- error codes -----------------------------------------------------------------------
 MISSING_API_KEY = "MISSING_API_KEY"
 INVALID_API_KEY = "INVALID_API_KEY"
@@ -58,3 +63,9 @@ PROVISIONING_ERROR = "PROVISIONING_ERROR"
 PAUSING = "CONTAINER_PAUSING"
 RESUMING = "CONTAINER_RESUMING"
 STOPPING = "CONTAINER_STOPPING"
+
+
+def with_reason(message: str, info: ContainerInfo) -> str:
+    """A Failed sandbox's message, with the runtime's account of why when it has one
+    (e.g. a Pod's eviction message)."""
+    return f"{message} ({info.reason})" if info.reason else message

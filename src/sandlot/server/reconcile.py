@@ -69,7 +69,7 @@ async def reconcile(svc: SandboxService) -> None:
                     rec,
                     SandboxState.FAILED,
                     codes.EXITED_ERROR,
-                    "Sandbox container no longer exists in the runtime.",
+                    codes.with_reason("Sandbox container no longer exists in the runtime.", info),
                 )
             else:
                 with contextlib.suppress(Exception):
@@ -78,9 +78,10 @@ async def reconcile(svc: SandboxService) -> None:
                     rec,
                     SandboxState.FAILED,
                     codes.EXITED_ERROR,
-                    f"Sandbox container exited with code {info.exit_code}."
-                    if info.exit_code is not None
-                    else "Sandbox container is no longer running.",
+                    codes.with_reason(
+                        f"Sandbox container exited with code {info.exit_code}."
+                        if info.exit_code is not None
+                        else "Sandbox container is no longer running.", info),
                 )
         svc.expiry.schedule(rec.id, rec.expires_at)
 

@@ -487,6 +487,7 @@ class SandboxService:
                 volumes=parts["volumes"],
                 network_policy=spec_parts.network_policy(rec.network_policy),
                 extensions=dict(rec.extensions),
+                metadata=dict(rec.metadata),
                 snapshot_id=parts["snapshot_id"],
             )
             with tracer.start_as_current_span("runtime.create",
@@ -562,16 +563,18 @@ class SandboxService:
             self.observers.container_ended(rec, info)
             if info.state == ContainerState.MISSING:
                 await self.set_state(rec, SandboxState.FAILED, codes.EXITED_ERROR,
-                                     "Sandbox container no longer exists in the runtime.")
+                                     codes.with_reason("Sandbox container no longer exists in the "
+                                                 "runtime.", info))
                 return
             await self.observers.before_delete(rec)
             with contextlib.suppress(Exception):
                 await self.runtime.delete(sandbox_id)
             # The reference's reason and messages, as restart reconciliation writes them.
             await self.set_state(
-                rec, SandboxState.FAILED, codes.EXITED_ERROR,
-                f"Sandbox container exited with code {info.exit_code}."
-                if info.exit_code is not None else "Sandbox container is no longer running.")
+                rec, SandboxState.FAILED, codes.EXITED_ERROR, codes.with_reason(
+                    f"Sandbox container exited with code {info.exit_code}."
+                    if info.exit_code is not None else "Sandbox container is no longer running.",
+                    info))
 
     async def delete(self, sandbox_id: str, reason: str = "user_delete") -> None:
         rec = self.get(sandbox_id)

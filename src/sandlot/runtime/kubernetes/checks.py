@@ -1,0 +1,77 @@
+"""What ``sandlot doctor`` checks of a cluster: the API server answers, and this sandlot's
+account may do what the kubernetes runtime does (asked with SelfSubjectAccessReviews)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from sandlot.config import Config
+from sandlot.errors import RuntimeFailure
+from sandlot.runtime.kubernetes.runtime import api_client, explain
+
+# (resource, subresource, verbs) the runtime uses in its namespace.
+NEEDED = [
+    ("pods", "", ("create", "get", "list", "watch", "delete")),
+    ("secrets", "", ("create", "patch", "deletecollection")),
+    ("persistentvolumeclaims", "", ("get",)),
+]
+
+
+@dataclass
+class Finding:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+async def cluster_findings(cfg: Config) -> list[Finding]:
+    kcfg = cfg.kubernetes
+    try:
+        api = await api_client(cfg)
+    except RuntimeFailure as exc:
+        return [Finding("Kubernetes API", False, str(exc),
+                        "set [kubernetes] kubeconfig_path or KUBECONFIG, or run in a Pod")]
+    try:
+        try:
+            version = await client.VersionApi(api).get_code()
+        except (ApiException, OSError) as exc:
+            detail = explain(exc) if isinstance(exc, ApiException) else str(exc)
+            return [Finding("Kubernetes API", False, f"{api.configuration.host}: {detail}",
+                            "check the kubeconfig's server address and credentials")]
+        found = [Finding("Kubernetes API", True,
+                         f"{api.configuration.host}: Kubernetes {version.git_version}")]
+        needed = list(NEEDED)
+        if kcfg.connect_mode == "port-forward":
+            needed.append(("pods", "portforward", ("create", "get")))
+        missing = []
+        auth = client.AuthorizationV1Api(api)
+        for resource, sub, verbs in needed:
+            for verb in verbs:
+                review = {"apiVersion": "authorization.k8s.io/v1",
+                          "kind": "SelfSubjectAccessReview",
+                          "spec": {"resourceAttributes": {
+                              "namespace": kcfg.namespace, "verb": verb, "resource": resource,
+                              "subresource": sub}}}
+                body: object = review
+                answer = await auth.create_self_subject_access_review(body)  # type: ignore[arg-type]
+                if not answer.status.allowed:
+                    missing.append(f"{verb} {resource}{'/' + sub if sub else ''}")
+        found.append(Finding(
+            f"permissions in namespace {kcfg.namespace}", not missing,
+            "all the runtime needs" if not missing else "missing: " + ", ".join(missing),
+            "" if not missing else "bind the Role of deploy/kubernetes/rbac.yaml"))
+        runtime_class = cfg.secure_runtime.k8s_runtime_class
+        if runtime_class:
+            try:
+                await client.NodeV1Api(api).read_runtime_class(runtime_class)
+                found.append(Finding("RuntimeClass", True, runtime_class))
+            except ApiException as exc:
+                found.append(Finding("RuntimeClass", False, f"{runtime_class}: {explain(exc)}",
+                                     "install the runtime (e.g. gVisor) and its RuntimeClass"))
+        return found
+    finally:
+        await api.close()

@@ -1,0 +1,271 @@
+"""The Pod (and its Secrets) a sandbox runs as: execd as the container's command, limits,
+hardening, labels.
+
+One Pod per sandbox, named ``sandlot-<sandbox id>``. Its init container copies the execd
+bundle from the bundle image (``bundle_image``) into an ``emptyDir``; the sandbox container
+runs the user's image with execd as its command and the user's entrypoint after ``--``,
+exactly as on the other backends. execd's access token travels in a Secret of the Pod's
+own (never in the Pod spec, which anyone allowed to list Pods can read); registry
+credentials of the request travel in a pull Secret. Both are owned by the Pod, so the
+cluster's garbage collector removes them with it even if sandlot does not.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sandlot.config import DEFAULT_DROPPED_CAPABILITIES, KubernetesConfig
+from sandlot.errors import InvalidRequest, Unsupported
+from sandlot.runtime.base import SandboxSpec, VolumeSpec
+from sandlot.runtime.execd_bundle import ExecdBundle
+from sandlot.runtime.kubernetes import bundle_image
+
+LABEL_MANAGED = "app.kubernetes.io/managed-by"
+MANAGED_BY = "sandlot"
+LABEL_OWNER = "sandlot.io/owner"  # which sandlot installation a Pod belongs to
+LABEL_SANDBOX = "sandlot.io/sandbox-id"
+LABEL_WARM = "sandlot.io/warm"  # an unclaimed pre-started Pod of a pool ("true")
+ANNOTATION_SANDBOX = "sandlot.io/sandbox-id"
+ANNOTATION_METADATA = "sandlot.io/metadata"
+ANNOTATION_EXTENSIONS = "sandlot.io/extensions"
+NAME_PREFIX = "sandlot-"
+SANDBOX_CONTAINER = "sandbox"
+BUNDLE_VOLUME = "sandlot-execd"
+RUN_VOLUME = "sandlot-run"
+RUN_DIR = "/run/sandlot"
+ENTRYPOINT_LOG = f"{RUN_DIR}/entrypoint.log"
+TOKEN_KEY = "execd-token"
+# A Pod name is a DNS-1123 subdomain; sandlot keeps it a label (<= 63) so it can be a hostname.
+_ID = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_MAX_ID = 63 - len(NAME_PREFIX) - len("-pull")
+
+
+def pod_name(sandbox_id: str) -> str:
+    return NAME_PREFIX + sandbox_id
+
+
+def token_secret_name(sandbox_id: str) -> str:
+    return f"{NAME_PREFIX}{sandbox_id}-execd"
+
+
+def pull_secret_name(sandbox_id: str) -> str:
+    return f"{NAME_PREFIX}{sandbox_id}-pull"
+
+
+def check_id(sandbox_id: str) -> None:
+    """Sandbox ids must make valid Pod names (server-made ids, UUIDs, always do)."""
+    if len(sandbox_id) > _MAX_ID or not _ID.match(sandbox_id):
+        raise InvalidRequest(
+            f"invalid sandbox id {sandbox_id!r} for the kubernetes runtime: use at most "
+            f"{_MAX_ID} lowercase letters, digits and '-'"
+        )
+
+
+def cpu_quantity(cores: float) -> str:
+    return f"{max(1, round(cores * 1000))}m"
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """Everything fixed at start that shapes each Pod."""
+
+    cfg: KubernetesConfig
+    bundle: ExecdBundle  # where execd is inside the sandbox container (mount point only)
+    bundle_image: str
+    owner: str
+    execd_port: int
+    runtime_class: str | None = None
+
+    def labels(self, spec: SandboxSpec, warm: bool = False) -> dict[str, str]:
+        labels = {LABEL_MANAGED: MANAGED_BY, LABEL_OWNER: self.owner,
+                  LABEL_SANDBOX: spec.sandbox_id}
+        if warm:
+            labels[LABEL_WARM] = "true"
+        return labels
+
+    def execd_command(self, spec: SandboxSpec, pooled: bool = False) -> list[str]:
+        argv = [*self.bundle.python_argv(), "-m", "sandlot.execd",
+                "--listen", f"tcp:0.0.0.0:{self.execd_port}", "--entrypoint-log", ENTRYPOINT_LOG]
+        if pooled:
+            argv.append("--pooled")
+        if spec.entrypoint:
+            argv += ["--", *spec.entrypoint]
+        return argv
+
+    def env(self, spec: SandboxSpec) -> list[dict[str, Any]]:
+        values = dict(spec.env)
+        private = self.bundle.env()
+        values.update(private)
+        values["SANDLOT_EXECD_PRIVATE_ENV"] = ",".join([*private, "SANDLOT_EXECD_TOKEN"])
+        env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
+        if spec.execd_token:
+            env.append({"name": "SANDLOT_EXECD_TOKEN", "valueFrom": {"secretKeyRef": {
+                "name": token_secret_name(spec.sandbox_id), "key": TOKEN_KEY}}})
+        return env
+
+    def resources(self, spec: SandboxSpec) -> dict[str, dict[str, str]]:
+        """Limits from the request; requests are ``request_fraction`` of them (1: as upstream,
+        Guaranteed QoS)."""
+        limits: dict[str, str] = {}
+        requests: dict[str, str] = {}
+        fraction = self.cfg.request_fraction
+        if spec.cpu_cores is not None:
+            limits["cpu"] = cpu_quantity(spec.cpu_cores)
+            requests["cpu"] = cpu_quantity(spec.cpu_cores * fraction)
+        if spec.memory_bytes is not None:
+            limits["memory"] = str(spec.memory_bytes)
+            requests["memory"] = str(max(1 << 20, int(spec.memory_bytes * fraction)))
+        if spec.disk_bytes is not None:
+            limits["ephemeral-storage"] = str(spec.disk_bytes)
+            requests["ephemeral-storage"] = str(spec.disk_bytes)
+        out: dict[str, dict[str, str]] = {}
+        if limits:
+            out["limits"] = limits
+            out["requests"] = requests
+        return out
+
+    def security_context(self) -> dict[str, Any]:
+        return {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": {"drop": list(self.cfg.drop_capabilities
+                                          if self.cfg.drop_capabilities is not None
+                                          else DEFAULT_DROPPED_CAPABILITIES)},
+            "seccompProfile": {"type": "RuntimeDefault"},
+            "readOnlyRootFilesystem": self.cfg.read_only_root_filesystem,
+            "runAsUser": 0,  # execd runs commands as any uid a request names (as upstream)
+        }
+
+    def init_container(self) -> dict[str, Any]:
+        argv, env = bundle_image.copy_command(self.bundle.mount_point)
+        resources = {k: dict(v) for k, v in self.cfg.execd_init_resources.items()}
+        return {
+            "name": "sandlot-execd-installer",
+            "image": self.bundle_image,
+            "imagePullPolicy": self.cfg.bundle_image_pull_policy,
+            "command": argv,
+            "env": [{"name": k, "value": v} for k, v in env.items()],
+            "volumeMounts": [{"name": BUNDLE_VOLUME, "mountPath": self.bundle.mount_point}],
+            "securityContext": {**self.security_context(), "readOnlyRootFilesystem": True},
+            **({"resources": resources} if resources else {}),
+        }
+
+    def pod(self, spec: SandboxSpec, *, pull_secret: bool = False,
+            pooled: bool = False) -> dict[str, Any]:
+        """The Pod manifest of ``spec`` (``pooled``: a warm Pod, claimed later)."""
+        check_id(spec.sandbox_id)
+        volumes: list[dict[str, Any]] = [
+            {"name": BUNDLE_VOLUME, "emptyDir": {}},
+            {"name": RUN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+        ]
+        mounts: list[dict[str, Any]] = [
+            {"name": BUNDLE_VOLUME, "mountPath": self.bundle.mount_point, "readOnly": True},
+            {"name": RUN_VOLUME, "mountPath": RUN_DIR},
+        ]
+        for index, vol in enumerate(spec.volumes):
+            volume, mount = volume_of(vol, index)
+            volumes.append(volume)
+            mounts.append(mount)
+        container: dict[str, Any] = {
+            "name": SANDBOX_CONTAINER,
+            "image": spec.image.reference,
+            "imagePullPolicy": self.cfg.image_pull_policy,
+            "command": self.execd_command(spec, pooled),
+            "args": [],
+            "env": self.env(spec),
+            "ports": [{"name": "execd", "containerPort": self.execd_port}],
+            "resources": self.resources(spec),
+            "securityContext": self.security_context(),
+            "volumeMounts": mounts,
+        }
+        pod_spec: dict[str, Any] = {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "hostname": spec.sandbox_id[:63],
+            "terminationGracePeriodSeconds": self.cfg.termination_grace_period_seconds,
+            "initContainers": [self.init_container()],
+            "containers": [container],
+            "volumes": volumes,
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        }
+        if self.cfg.service_account:
+            pod_spec["serviceAccountName"] = self.cfg.service_account
+        if self.runtime_class:
+            pod_spec["runtimeClassName"] = self.runtime_class
+        if self.cfg.node_selector:
+            pod_spec["nodeSelector"] = dict(self.cfg.node_selector)
+        if self.cfg.tolerations:
+            pod_spec["tolerations"] = [dict(t) for t in self.cfg.tolerations]
+        pull = [{"name": s} for s in self.cfg.image_pull_secrets]
+        if pull_secret:
+            pull.append({"name": pull_secret_name(spec.sandbox_id)})
+        if pull:
+            pod_spec["imagePullSecrets"] = pull
+        annotations = {ANNOTATION_SANDBOX: spec.sandbox_id}
+        if spec.metadata:
+            annotations[ANNOTATION_METADATA] = json.dumps(spec.metadata, sort_keys=True)
+        if spec.extensions:
+            annotations[ANNOTATION_EXTENSIONS] = json.dumps(spec.extensions, sort_keys=True)
+        return {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod_name(spec.sandbox_id), "labels": self.labels(spec, pooled),
+                         "annotations": annotations},
+            "spec": pod_spec,
+        }
+
+    def token_secret(self, spec: SandboxSpec) -> dict[str, Any]:
+        assert spec.execd_token is not None
+        return self._secret(token_secret_name(spec.sandbox_id), spec, "Opaque",
+                            {TOKEN_KEY: spec.execd_token})
+
+    def pull_secret(self, spec: SandboxSpec) -> dict[str, Any]:
+        auth = spec.image.auth
+        assert auth is not None
+        registry = registry_of(spec.image.reference)
+        pair = base64.b64encode(f"{auth.username}:{auth.password}".encode()).decode()
+        config = {"auths": {registry: {"username": auth.username, "password": auth.password,
+                                       "auth": pair}}}
+        return self._secret(pull_secret_name(spec.sandbox_id), spec,
+                            "kubernetes.io/dockerconfigjson",
+                            {".dockerconfigjson": json.dumps(config)})
+
+    def _secret(self, name: str, spec: SandboxSpec, kind: str,
+                data: dict[str, str]) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1", "kind": "Secret", "type": kind,
+            "metadata": {"name": name, "labels": self.labels(spec)},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+        }
+
+
+def registry_of(reference: str) -> str:
+    """The registry host of an image reference (Docker Hub's when it names none)."""
+    first, sep, _ = reference.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "https://index.docker.io/v1/"
+
+
+def volume_of(vol: VolumeSpec, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Pod volume and container mount of one request volume (host -> hostPath,
+    pvc -> persistentVolumeClaim)."""
+    name = f"vol-{index}"
+    if vol.kind == "host":
+        volume: dict[str, Any] = {"name": name, "hostPath": {"path": vol.source,
+                                                             "type": "Directory"}}
+    elif vol.kind == "pvc":
+        volume = {"name": name, "persistentVolumeClaim": {"claimName": vol.source,
+                                                          "readOnly": vol.read_only}}
+    else:
+        raise Unsupported(f"volume {vol.name!r}: {vol.kind} volumes are not supported by the "
+                          "kubernetes runtime (host and pvc are)")
+    mount: dict[str, Any] = {"name": name, "mountPath": vol.mount_path,
+                             "readOnly": vol.read_only}
+    if vol.sub_path:
+        mount["subPath"] = vol.sub_path
+    return volume, mount

@@ -1,0 +1,38 @@
+"""``sandlot doctor`` with ``[runtime] type = "kubernetes"``: cluster access and the
+runtime's permissions, and a clear failure when the cluster cannot be reached."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.k8s_cluster import Cluster
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def doctor(tmp_path: Path, section: str) -> subprocess.CompletedProcess[str]:
+    config = tmp_path / "sandlot.toml"
+    config.write_text('[runtime]\ntype = "kubernetes"\n' + section)
+    return subprocess.run(
+        [sys.executable, "-m", "sandlot", "doctor", "--config", str(config), "--data-dir",
+         str(tmp_path / "data")], capture_output=True, text=True, timeout=240,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "COLUMNS": "200"})
+
+
+def test_doctor_checks_cluster_access_and_permissions(k8s_cluster: Cluster,
+                                                      tmp_path: Path) -> None:
+    res = doctor(tmp_path, k8s_cluster.config_toml())
+    out = res.stdout
+    assert "Kubernetes API" in out and "Kubernetes v1." in out, out
+    assert f"permissions in namespace {k8s_cluster.namespace}" in out
+    assert "all the runtime needs" in out
+
+
+def test_doctor_fails_without_a_cluster(tmp_path: Path) -> None:
+    res = doctor(tmp_path, f'[kubernetes]\nkubeconfig_path = "{tmp_path}/missing"\n')
+    assert res.returncode != 0
+    assert "Kubernetes API" in res.stdout and "FAIL" in res.stdout
