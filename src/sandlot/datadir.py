@@ -8,8 +8,10 @@ something else may have made it so on purpose, and the operator should know.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import uuid
 from pathlib import Path
 
 from sandlot.errors import SandlotError
@@ -58,3 +60,17 @@ def private_file(path: Path) -> None:
         os.fchmod(fd, 0o600)
     finally:
         os.close(fd)
+
+
+def owner_id(data_dir: Path, name: str) -> str:
+    """A random id kept in ``data_dir/name``, made once: it labels what this server owns in a
+    shared engine or cluster, so two servers never adopt each other's sandboxes."""
+    path = data_dir / name
+    with contextlib.suppress(FileNotFoundError):
+        value = path.read_text().strip()
+        if value:
+            return value
+    value = uuid.uuid4().hex
+    path.write_text(value + "\n")
+    path.chmod(0o600)
+    return value

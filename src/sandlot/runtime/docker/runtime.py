@@ -21,7 +21,6 @@ import os
 import platform
 import secrets
 import socket
-import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 from docker.errors import APIError, DockerException
 from docker.errors import NotFound as DockerNotFound
 
+from sandlot import datadir
 from sandlot.config import Config
 from sandlot.errors import (
     Conflict,
@@ -86,18 +86,6 @@ _STATES = {
     "dead": ContainerState.STOPPED,
 }
 
-
-def _owner_id(data_dir: Path) -> str:
-    """This data dir's owner label value, made once and kept in the data dir."""
-    path = data_dir / "docker-owner"
-    with contextlib.suppress(FileNotFoundError):
-        value = path.read_text().strip()
-        if value:
-            return value
-    value = uuid.uuid4().hex
-    path.write_text(value + "\n")
-    path.chmod(0o600)
-    return value
 
 
 def _start_time(pid: int) -> str | None:
@@ -159,7 +147,8 @@ class DockerRuntime(Runtime):
             cfg.data_dir.mkdir(parents=True, exist_ok=True)
             bundle = await asyncio.to_thread(ensure_bundle, cfg.data_dir / "execd-bundle")
             plan = Plan(bundle=bundle, cfg=dcfg, network=network,
-                        owner=_owner_id(cfg.data_dir), execd_port=cfg.execd.port,
+                        owner=datadir.owner_id(cfg.data_dir, "docker-owner"),
+                        execd_port=cfg.execd.port,
                         security_opt=security_opt, swap_limit=bool(info.get("SwapLimit")),
                         engine_runtime=engine_runtime)
             rt = cls(engine, plan, ports, cfg.data_dir, cfg.runtime.warm_pool_size,

@@ -20,15 +20,14 @@ import contextlib
 import logging
 import os
 import socket
-import uuid
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
+from sandlot import datadir
 from sandlot.config import Config
 from sandlot.errors import (
     Conflict,
@@ -63,18 +62,6 @@ from sandlot.runtime.kubernetes.watcher import PodWatch
 
 log = logging.getLogger(__name__)
 
-
-def _owner_id(data_dir: Path) -> str:
-    """This data dir's owner label value, made once and kept in the data dir."""
-    path = data_dir / "kubernetes-owner"
-    with contextlib.suppress(FileNotFoundError):
-        value = path.read_text().strip()
-        if value:
-            return value
-    value = uuid.uuid4().hex
-    path.write_text(value + "\n")
-    path.chmod(0o600)
-    return value
 
 
 async def api_client(cfg: Config) -> client.ApiClient:
@@ -149,7 +136,7 @@ class KubernetesRuntime(Runtime):
             bundle = await asyncio.to_thread(ensure_bundle, cfg.data_dir / "execd-bundle")
             plan = PodPlan(cfg=kcfg, bundle=bundle,
                            bundle_image=kcfg.execd_bundle_image or bundle_image.image_name(bundle),
-                           owner=kcfg.owner or _owner_id(cfg.data_dir),
+                           owner=kcfg.owner or datadir.owner_id(cfg.data_dir, "kubernetes-owner"),
                            execd_port=cfg.execd.port, runtime_class=runtime_class)
             rt = cls(api, plan)
             await rt.pods.start()
