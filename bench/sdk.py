@@ -129,8 +129,14 @@ class Sandboxes:
         return [d for d in done if d is not None]
 
     def sweep(self, timeout: float = 120.0) -> list[str]:
-        """Delete every sandbox the server still has that is not Terminated (sync, no SDK)."""
+        """Delete every sandbox the server still has that is not Terminated (sync, no SDK).
+
+        A server that never started or has exited has nothing to sweep: its failure is what
+        the caller reports, not a connection error from here."""
         deleted: list[str] = []
+        proc = self.server.proc
+        if proc is None or proc.poll() is not None:
+            return deleted
         headers = {"OPEN-SANDBOX-API-KEY": self.server.api_key}
         deadline = time.monotonic() + timeout
         with httpx.Client(base_url=f"{self.server.base_url}/v1", headers=headers,
