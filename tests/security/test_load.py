@@ -24,6 +24,7 @@ from tests.compat.conftest import (  # noqa: F401
     fresh_server,
 )
 from tests.runtime.helpers import line_of, stream_event
+from tests.security.running import execd_endpoint, running_sandbox, wait_running
 
 SANDBOXES = 20
 STREAMS = 200
@@ -49,14 +50,9 @@ async def _sandboxes(c: httpx.AsyncClient) -> list[tuple[str, dict[str, str]]]:
         ids.append(r.json()["id"])
     out = []
     for sid in ids:
-        for _ in range(600):
-            state = (await c.get(f"/v1/sandboxes/{sid}")).json()["status"]["state"]
-            if state == "Running":
-                break
-            assert state == "Pending", state
-            await asyncio.sleep(0.1)
-        ep = (await c.get(f"/v1/sandboxes/{sid}/endpoints/44772")).json()
-        out.append((f"http://{ep['endpoint']}", ep.get("headers") or {}))
+        await wait_running(c, sid)
+        endpoint, headers = await execd_endpoint(c, sid)
+        out.append((f"http://{endpoint}", headers))
     return out
 
 
@@ -147,14 +143,8 @@ async def test_a_dropped_stream_resumes_with_nothing_lost(
 ) -> None:
     async with httpx.AsyncClient(base_url=fresh_server.url, timeout=120,
                                  headers={"OPEN-SANDBOX-API-KEY": fresh_server.api_key}) as c:
-        r = await c.post("/v1/sandboxes", json=BODY)
-        sid = r.json()["id"]
-        for _ in range(600):
-            if (await c.get(f"/v1/sandboxes/{sid}")).json()["status"]["state"] == "Running":
-                break
-            await asyncio.sleep(0.1)
-        ep = (await c.get(f"/v1/sandboxes/{sid}/endpoints/44772")).json()
-        await _resume_after_drop(f"http://{ep['endpoint']}", ep.get("headers") or {})
+        _, endpoint, headers = await running_sandbox(c, BODY)
+        await _resume_after_drop(f"http://{endpoint}", headers)
 
 
 async def test_execd_keeps_an_idle_connection_longer_than_clients_reuse_it(
@@ -164,14 +154,8 @@ async def test_execd_keeps_an_idle_connection_longer_than_clients_reuse_it(
     under a client that reuses it (the released SDK keeps idle connections 30 s)."""
     async with httpx.AsyncClient(base_url=fresh_server.url, timeout=120,
                                  headers={"OPEN-SANDBOX-API-KEY": fresh_server.api_key}) as c:
-        r = await c.post("/v1/sandboxes", json=BODY)
-        sid = r.json()["id"]
-        for _ in range(600):
-            if (await c.get(f"/v1/sandboxes/{sid}")).json()["status"]["state"] == "Running":
-                break
-            await asyncio.sleep(0.1)
-        ep = (await c.get(f"/v1/sandboxes/{sid}/endpoints/44772")).json()
-    host, _, port = ep["endpoint"].rpartition(":")
+        _, endpoint, _ = await running_sandbox(c, BODY)
+    host, _, port = endpoint.rpartition(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
         for _ in range(2):

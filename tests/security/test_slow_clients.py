@@ -25,6 +25,7 @@ from tests.compat.conftest import (  # noqa: F401
     compat_image_root,
     fresh_server,
 )
+from tests.security.running import running_sandbox
 
 HEADER, BODY_IDLE = 0.6, 0.6
 # Far beyond either deadline: a connection still open after this was not cut.
@@ -157,17 +158,10 @@ async def test_sandlot_serve_closes_silent_connections_to_the_api_and_to_execd(
     srv = fresh_server
     async with httpx.AsyncClient(base_url=srv.url, timeout=120,
                                  headers={"OPEN-SANDBOX-API-KEY": srv.api_key}) as c:
-        r = await c.post("/v1/sandboxes", json={
+        _, endpoint, _ = await running_sandbox(c, {
             "image": {"uri": "base"}, "entrypoint": ["tail", "-f", "/dev/null"],
             "timeout": 600, "resourceLimits": {"cpu": "250m", "memory": "256Mi"}})
-        assert r.status_code == 202, r.text
-        sid = r.json()["id"]
-        for _ in range(600):
-            if (await c.get(f"/v1/sandboxes/{sid}")).json()["status"]["state"] == "Running":
-                break
-            await asyncio.sleep(0.1)
-        ep = (await c.get(f"/v1/sandboxes/{sid}/endpoints/44772")).json()
-    host, _, port = ep["endpoint"].rpartition(":")
+    host, _, port = endpoint.rpartition(":")
     api_reader, api_writer = await asyncio.open_connection("127.0.0.1", srv.port)
     ep_reader, ep_writer = await asyncio.open_connection(host, int(port))
     api_closed, ep_closed = await asyncio.gather(
