@@ -20,6 +20,9 @@ from sandlot.console.sessions import (
     SessionStore,
     cookie_value,
 )
+from sandlot.server.store.console_sessions import ConsoleSessionStore
+from sandlot.server.store.sandboxes import SandboxStore
+from sandlot.server.tenancy.keys import digest
 
 STATIC_DIR = Path(str(resources.files("sandlot.console") / "static"))
 _SECURITY_HEADERS = {
@@ -105,7 +108,7 @@ def build_router(cfg: Config, sessions: SessionStore) -> APIRouter:
     @router.get("/console", include_in_schema=False)
     @router.get("/console/", include_in_schema=False)
     async def shell(request: Request) -> HTMLResponse:
-        session = sessions.get(cookie_value(request.scope))
+        session = await sessions.get(cookie_value(request.scope))
         page = _shell(session.csrf if session else "", cfg.execd.port, version, preloads)
         return HTMLResponse(page, headers=_SECURITY_HEADERS)
 
@@ -128,7 +131,7 @@ def build_router(cfg: Config, sessions: SessionStore) -> APIRouter:
         # The API-key middleware has already checked the key in the header: only a valid key
         # gets here (any key when the server runs with insecure_no_auth).
         key = request.headers.get("open-sandbox-api-key", "")
-        sid, session = sessions.create(key)
+        sid, session = await sessions.create(digest(key))
         response = JSONResponse(
             {"csrfToken": session.csrf, "idleSeconds": sessions.idle_seconds,
              "lifetimeSeconds": sessions.lifetime_seconds},
@@ -144,7 +147,7 @@ def build_router(cfg: Config, sessions: SessionStore) -> APIRouter:
     async def sign_out(request: Request) -> Response:
         # With a session, reached only with its CSRF token (the middleware's check), which also
         # took the cookie off the request and left the session id in the scope.
-        sessions.delete(request.scope.get(SCOPE_KEY))
+        await sessions.delete(request.scope.get(SCOPE_KEY))
         response = Response(status_code=204)
         response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict")
         return response
@@ -161,3 +164,10 @@ def install_console(app: FastAPI, cfg: Config) -> SessionStore | None:
     app.include_router(build_router(cfg, sessions))
     app.state.console_sessions = sessions
     return sessions
+
+
+async def open_sessions(app: FastAPI, store: SandboxStore) -> None:
+    """Keep the console's sessions in the store (at start, once it is open)."""
+    sessions: SessionStore | None = getattr(app.state, "console_sessions", None)
+    if sessions is not None:
+        await sessions.open(ConsoleSessionStore(store))
