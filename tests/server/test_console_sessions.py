@@ -5,6 +5,7 @@ API-key clients are unaffected."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 import time
@@ -51,6 +52,31 @@ async def test_page_shell_and_assets_need_no_key(harness: Harness) -> None:
         assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
         js = await anon.get("/console/static/console.js")
         assert js.status_code == 200 and "javascript" in js.headers["content-type"]
+        # The entry script is inlined and allowed by its hash (no 'unsafe-inline' for scripts);
+        # xterm.js and uPlot are not in it (their chunks load with their tabs).
+        inline = re.search(r'<script type="module">(.*?)</script>', page.text, re.S)
+        assert inline is not None and inline.group(1) == js.text
+        script_hash = base64.b64encode(hashlib.sha256(js.content).digest()).decode()
+        csp = page.headers["content-security-policy"]
+        assert f"'sha256-{script_hash}'" in csp and "unsafe-inline'; style" not in csp
+        boot = re.search(r"<script>(.*?)</script>", page.text, re.S)
+        assert boot is not None  # the list's early API call
+        boot_hash = base64.b64encode(hashlib.sha256(boot.group(1).encode()).digest()).decode()
+        assert f"'sha256-{boot_hash}'" in csp
+        assert len(js.content) < 100_000  # xterm.js alone is ~340 KB
+        for lib in ("xterm", "uplot"):
+            chunk = re.search(rf'import\("(/console/static/chunks/vendor-{lib}-[^"]+\.js)"\)',
+                              js.text)
+            assert chunk is not None, lib
+            assert len((await anon.get(chunk.group(1))).content) > 20_000
+        vendor = re.search(r'name="sandlot-vendor-css" content="([^"]+)"', page.text)
+        assert vendor is not None and (await anon.get(vendor.group(1))).status_code == 200
+        # gzip when the client takes it (httpx sends Accept-Encoding: gzip and decodes)
+        assert page.headers["content-encoding"] == "gzip"
+        assert js.headers["content-encoding"] == "gzip" and "Accept-Encoding" in js.headers["vary"]
+        plain = await anon.get("/console/static/console.js",
+                               headers={"Accept-Encoding": "identity"})
+        assert "content-encoding" not in plain.headers and plain.content == js.content
         # Anything else under /console is not public.
         assert (await anon.get("/console/api/session")).status_code == 401
 
