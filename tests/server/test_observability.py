@@ -275,6 +275,18 @@ async def test_large_diagnostics_go_by_a_short_lived_url(harness: Harness) -> No
         assert len(got.content) == body["contentLength"] > 1024
         assert "Sandbox created" in got.text  # the oldest events are there
         assert got.text.rstrip().endswith("Resuming -> Running (CONTAINER_RUNNING)")
+        # the released SDK reads the same descriptor
+        from opensandbox import SandboxManager
+        from opensandbox.config import ConnectionConfig
+
+        manager = await SandboxManager.create(connection_config=ConnectionConfig(
+            domain=f"127.0.0.1:{harness.cfg.server.port}", api_key=API_KEY))
+        try:
+            sdk = await manager.get_diagnostic_events(sid, "runtime")
+        finally:
+            await manager.close()
+        assert sdk.delivery == "url" and sdk.content is None and sdk.content_url
+        assert (await anon.get(sdk.content_url)).text == got.text
         # a guessed token, and an expired URL: the contract's error shape
         wrong = await anon.get(body["contentUrl"][:-4] + "AAAA")
         assert wrong.status_code == 404
