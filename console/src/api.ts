@@ -44,6 +44,10 @@ export async function request(method: string, path: string, body?: unknown): Pro
     payload = JSON.stringify(body);
   }
   const resp = await fetch(path, { method, headers, body: payload, credentials: "same-origin" });
+  return checked(resp);
+}
+
+async function checked(resp: Response): Promise<Response> {
   if (!resp.ok) {
     const err = await failure(resp);
     if (resp.status === 401) {
@@ -56,7 +60,26 @@ export async function request(method: string, path: string, body?: unknown): Pro
 }
 
 export async function api<T = unknown>(method: string, path: string, body?: unknown): Promise<T> {
-  const resp = await request(method, path, body);
+  return decoded<T>(await request(method, path, body));
+}
+
+/** GET ``path``, answered by the request boot.ts sent early when it was for this path (once). */
+export async function apiGetFirst<T = unknown>(path: string): Promise<T> {
+  const early = window.sandlotPrefetch;
+  window.sandlotPrefetch = undefined;
+  if (early?.path === path) {
+    let resp: Response | null = null;
+    try {
+      resp = await early.response;
+    } catch {
+      /* a network error: ask again below */
+    }
+    if (resp) return decoded<T>(await checked(resp));
+  }
+  return api<T>("GET", path);
+}
+
+async function decoded<T>(resp: Response): Promise<T> {
   if (resp.status === 204 || resp.headers.get("content-length") === "0") return undefined as T;
   const type = resp.headers.get("content-type") ?? "";
   return (type.includes("json") ? await resp.json() : await resp.text()) as T;

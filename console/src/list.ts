@@ -1,15 +1,19 @@
-import { api, Page, Sandbox } from "./api";
+import { api, apiGetFirst, Page, Sandbox } from "./api";
 import { clear, h, toast, when } from "./dom";
+import { listPath, pageOf, pageSizeOf } from "./listquery";
 import { STATES, stateBadge } from "./states";
 
 const POLL_MS = 2000;
 
-/** The sandbox list: filters in the URL hash (so a filtered view can be bookmarked), refreshed
- *  by polling while the tab is visible. */
+/** The sandbox list: filters and page in the URL hash (so a view can be bookmarked), pages of
+ *  PAGE_SIZE with previous/next links, refreshed by polling while the tab is visible. */
 export function listView(main: HTMLElement, params: URLSearchParams): () => void {
   const chosen = new Set(params.getAll("state"));
   const metadata = params.get("metadata") ?? "";
+  const pageNo = pageOf(params);
+  const pageSize = pageSizeOf(params);
   const status = h("p", { class: "hint" }, "Loading…");
+  const pager = h("nav", { class: "pager", "aria-label": "Pages of sandboxes" });
   const body = h("tbody");
   const table = h(
     "table",
@@ -27,11 +31,15 @@ export function listView(main: HTMLElement, params: URLSearchParams): () => void
   const boxes = STATES.map((s) =>
     h("label", { class: "check" },
       h("input", { type: "checkbox", name: "state", value: s, checked: chosen.has(s) }), s));
+  const sizes = [...new Set([25, 50, 100, 200, pageSize])].sort((a, b) => a - b);
+  const perPage = h("select", { id: "filter-page-size", name: "pageSize" },
+    ...sizes.map((n) => h("option", { value: String(n), selected: n === pageSize }, String(n))));
   const filters = h(
     "form",
     { class: "filters", "aria-label": "Filter sandboxes" },
     h("fieldset", {}, h("legend", {}, "State"), ...boxes),
     h("div", { class: "field" }, h("label", { for: "filter-metadata" }, "Metadata"), meta),
+    h("div", { class: "field" }, h("label", { for: "filter-page-size" }, "Per page"), perPage),
     h("button", { type: "submit" }, "Apply filters"),
   );
   filters.addEventListener("submit", (ev) => {
@@ -42,6 +50,7 @@ export function listView(main: HTMLElement, params: URLSearchParams): () => void
     }
     const pairs = meta.value.split(",").map((p) => p.trim()).filter(Boolean).join("&");
     if (pairs) q.set("metadata", pairs);
+    if (Number(perPage.value) !== 100) q.set("pageSize", perPage.value);
     location.hash = `#/?${q}`;
   });
   clear(
@@ -52,18 +61,18 @@ export function listView(main: HTMLElement, params: URLSearchParams): () => void
     filters,
     status,
     h("div", { class: "scroll" }, table),
+    pager,
   );
 
   let timer: number | undefined;
   let stopped = false;
   let first = true;
-  const query = new URLSearchParams({ pageSize: "200" });
-  for (const s of chosen) query.append("state", s);
-  if (metadata) query.set("metadata", metadata);
+  const path = listPath(params);
 
   async function refresh(): Promise<void> {
     try {
-      const page = await api<Page<Sandbox>>("GET", `/v1/sandboxes?${query}`);
+      const page = first ? await apiGetFirst<Page<Sandbox>>(path)
+        : await api<Page<Sandbox>>("GET", path);
       if (stopped) return;
       render(page);
       if (first) {
@@ -81,11 +90,34 @@ export function listView(main: HTMLElement, params: URLSearchParams): () => void
     else void refresh();
   }
   let shown = "";
+  function pageLink(n: number, label: string, rel: string): HTMLElement {
+    const q = new URLSearchParams(params);
+    q.set("page", String(n));
+    return h("a", { class: "button", href: `#/?${q}`, rel }, label);
+  }
+  let pagerShown = "";
+  function renderPager(current: number, pages: number): void {
+    const key = `${current}/${pages}`;
+    if (key === pagerShown) return; // keep a focused link in place across refreshes
+    pagerShown = key;
+    if (pages <= 1) {
+      clear(pager);
+      return;
+    }
+    clear(pager,
+      current > 1 && pageLink(current - 1, "Previous page", "prev"),
+      h("span", { "aria-current": "page" }, `Page ${current} of ${pages}`),
+      current < pages && pageLink(current + 1, "Next page", "next"));
+  }
   function render(page: Page<Sandbox>): void {
     const total = page.pagination?.totalItems ?? page.items.length;
-    const more = total > page.items.length ? ` (showing the first ${page.items.length})` : "";
-    status.textContent = `${total} sandbox${total === 1 ? "" : "es"}${more}; ` +
+    const pages = page.pagination?.totalPages ?? 1;
+    const from = (pageNo - 1) * pageSize + 1;
+    const range = pages > 1 && page.items.length
+      ? ` (${from}-${from + page.items.length - 1} on page ${pageNo} of ${pages})` : "";
+    status.textContent = `${total} sandbox${total === 1 ? "" : "es"}${range}; ` +
       `updated ${new Date().toLocaleTimeString()}, refreshed every ${POLL_MS / 1000} s.`;
+    renderPager(pageNo, pages);
     // Unchanged data leaves the table alone, so a keyboard user's focus stays where it is;
     // a changed table gives the focus back to the same sandbox's link.
     const signature = JSON.stringify(page.items);

@@ -1,7 +1,8 @@
-import uPlot from "uplot";
+import type uPlot from "uplot";
 
 import { api, execd } from "./api";
 import { h } from "./dom";
+import { loadUplot } from "./vendor";
 
 interface Sample { cpu_count: number; cpu_used_pct: number; mem_total_mib: number;
   mem_used_mib: number; timestamp?: number }
@@ -29,9 +30,10 @@ export class MetricsPanel {
         h("figure", {}, h("figcaption", {}, "Memory (MiB)"), this.memBox)));
   }
 
-  private chart(box: HTMLElement, label: string, color: string, max?: number): uPlot {
+  private chart(UPlot: typeof uPlot, box: HTMLElement, label: string, color: string,
+    max?: number): uPlot {
     const width = Math.max(280, Math.min(560, box.clientWidth || 480));
-    return new uPlot({
+    return new UPlot({
       width, height: 180,
       scales: {
         // A fixed window ending at the newest sample, so the first points are not stretched.
@@ -66,8 +68,10 @@ export class MetricsPanel {
         if (series.length > POINTS) series.shift();
       }
       if (!this.charts.length) {
-        this.charts = [this.chart(this.cpuBox, "CPU %", "#58a6ff", 100),
-          this.chart(this.memBox, "Memory MiB", "#3fb950", s.mem_total_mib)];
+        const { uPlot: UPlot } = await loadUplot();
+        if (!this.active || this.charts.length) return;
+        this.charts = [this.chart(UPlot, this.cpuBox, "CPU %", "#58a6ff", 100),
+          this.chart(UPlot, this.memBox, "Memory MiB", "#3fb950", s.mem_total_mib)];
       } else {
         this.charts[0].setData([this.times, this.cpu]);
         this.charts[1].setData([this.times, this.mem]);

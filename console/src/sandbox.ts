@@ -3,9 +3,9 @@ import { DiagnosticsPanel } from "./diagnostics";
 import { clear, h, toast, when } from "./dom";
 import { EgressPanel } from "./egress";
 import { FilesPanel } from "./files";
-import type { MetricsPanel } from "./metrics";
+import { MetricsPanel } from "./metrics";
 import { stateBadge } from "./states";
-import type { TerminalPanel } from "./terminal";
+import { TerminalPanel } from "./terminal";
 
 const POLL_MS = 2000;
 const TABS = ["Overview", "Terminal", "Files", "Metrics", "Network", "Events and logs"] as const;
@@ -103,8 +103,7 @@ export function sandboxView(main: HTMLElement, id: string, initialTab: string): 
 
   async function openTerminal(): Promise<void> {
     if (!terminal) {
-      const { TerminalPanel } = await import("./terminal");
-      if (stopped || terminal) return;
+      if (stopped) return;
       terminal = new TerminalPanel(id);
       termHost.append(terminal.el);
     }
@@ -113,8 +112,7 @@ export function sandboxView(main: HTMLElement, id: string, initialTab: string): 
 
   async function openMetrics(): Promise<void> {
     if (!metrics) {
-      const { MetricsPanel } = await import("./metrics");
-      if (stopped || metrics) return;
+      if (stopped) return;
       metrics = new MetricsPanel(id);
       metricsHost.append(metrics.el);
     }

@@ -1,8 +1,9 @@
-import { FitAddon } from "@xterm/addon-fit";
-import { Terminal } from "@xterm/xterm";
+import type { FitAddon } from "@xterm/addon-fit";
+import type { Terminal } from "@xterm/xterm";
 
 import { api, execd, wsUrl } from "./api";
 import { h } from "./dom";
+import { loadXterm } from "./vendor";
 
 const STDIN = 0x00;
 const STDOUT = 0x01;
@@ -13,7 +14,7 @@ const REPLAY = 0x03;
 export class TerminalPanel {
   readonly el: HTMLElement;
   private term: Terminal | null = null;
-  private fit = new FitAddon();
+  private fit: FitAddon | null = null;
   private ws: WebSocket | null = null;
   private session: string | null = null;
   private seen = 0;
@@ -40,16 +41,21 @@ export class TerminalPanel {
 
   async open(): Promise<void> {
     if (this.term) {
-      this.fit.fit();
+      this.fit?.fit();
       this.term.focus();
       return;
     }
+    this.status.textContent = "Loading the terminal…";
+    const { FitAddon, Terminal } = await loadXterm();
+    if (this.term || this.closed) return;
+    const fit = new FitAddon();
+    this.fit = fit;
     const term = new Terminal({ cursorBlink: true, fontSize: 14, convertEol: false,
       screenReaderMode: false, theme: { background: "#111417" } });
     this.term = term;
-    term.loadAddon(this.fit);
+    term.loadAddon(fit);
     term.open(this.screen);
-    this.fit.fit();
+    fit.fit();
     // Escape then Tab moves focus out (xterm otherwise keeps Tab for the shell).
     let escaped = false;
     term.attachCustomKeyEventHandler((ev) => {
@@ -76,7 +82,7 @@ export class TerminalPanel {
     term.focus();
   }
 
-  private onWindowResize = (): void => this.fit.fit();
+  private onWindowResize = (): void => this.fit?.fit();
 
   private connect(): void {
     if (!this.session || this.closed) return;

@@ -230,6 +230,12 @@ class DiagnosticsConfig(_Section):
     retention_seconds: float = Field(default=86400.0, ge=0)
     # Largest inline payload of GET .../diagnostics/logs|events (the tail is kept).
     max_inline_bytes: int = Field(default=1 << 20, ge=1024)
+    # How payloads are delivered (the spec's ``delivery``): "inline" in the answer (cut to
+    # max_inline_bytes); "auto": inline up to max_inline_bytes, larger ones by a short-lived
+    # download URL served by sandlot (up to max_url_bytes); "url": always by URL.
+    delivery: Literal["inline", "auto", "url"] = "inline"
+    max_url_bytes: int = Field(default=16 << 20, ge=1024)
+    url_ttl_seconds: float = Field(default=300.0, gt=0, le=86400)
     # How often live sandboxes' cgroups are sampled (metrics, OOM events); 0 turns it off.
     sample_interval_seconds: float = Field(default=5.0, ge=0)
 

@@ -218,6 +218,25 @@ def test_console_end_to_end(sandlot_server: SandlotServer, browser: object,
         expect(link).to_be_focused()
         page.goto(f"{sandlot_server.url}/console#/?state=Paused")
         expect(page.get_by_text("No sandboxes.")).to_be_visible()
+        # Paged: two a page here, and following "Next page" shows every running sandbox.
+        page.goto(f"{sandlot_server.url}/console#/?state=Running&pageSize=2")
+        expect(page.locator("body[data-ready=list]")).to_be_attached()
+        listed: set[str] = set()
+        for _ in range(50):
+            expect(page.locator("table.list tbody a").first).to_be_visible()
+            names = page.locator("table.list tbody a").all_inner_texts()
+            assert 1 <= len(names) <= 2, names
+            listed.update(names)
+            following = page.get_by_role("link", name="Next page")
+            if not following.count():
+                break
+            current = page.locator(".pager [aria-current=page]")
+            shown = current.inner_text()
+            following.click()
+            expect(current).not_to_have_text(shown)
+        assert {sid, second, third} <= listed, listed
+        expect(page.get_by_role("link", name="Previous page")).to_be_visible()
+        expect(page.get_by_label("Per page")).to_have_value("2")
 
         # Pause and resume, then kill (confirmed in the browser's dialog).
         page.goto(f"{sandlot_server.url}/console#/sandbox/{sid}")

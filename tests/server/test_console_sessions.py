@@ -5,6 +5,8 @@ API-key clients are unaffected."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 import time
 from collections.abc import AsyncIterator
@@ -17,6 +19,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import InvalidStatus
 
 from sandlot.console.sessions import COOKIE_NAME, SessionStore
+from sandlot.server.tenancy.keys import digest
 from tests.server.conftest import API_KEY, Harness
 from tests.tenants.tenants_setup import KEY_A, KEY_A2, KEY_B, tenants_toml, write_tenants
 
@@ -49,6 +52,31 @@ async def test_page_shell_and_assets_need_no_key(harness: Harness) -> None:
         assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
         js = await anon.get("/console/static/console.js")
         assert js.status_code == 200 and "javascript" in js.headers["content-type"]
+        # The entry script is inlined and allowed by its hash (no 'unsafe-inline' for scripts);
+        # xterm.js and uPlot are not in it (their chunks load with their tabs).
+        inline = re.search(r'<script type="module">(.*?)</script>', page.text, re.S)
+        assert inline is not None and inline.group(1) == js.text
+        script_hash = base64.b64encode(hashlib.sha256(js.content).digest()).decode()
+        csp = page.headers["content-security-policy"]
+        assert f"'sha256-{script_hash}'" in csp and "unsafe-inline'; style" not in csp
+        boot = re.search(r"<script>(.*?)</script>", page.text, re.S)
+        assert boot is not None  # the list's early API call
+        boot_hash = base64.b64encode(hashlib.sha256(boot.group(1).encode()).digest()).decode()
+        assert f"'sha256-{boot_hash}'" in csp
+        assert len(js.content) < 100_000  # xterm.js alone is ~340 KB
+        for lib in ("xterm", "uplot"):
+            chunk = re.search(rf'import\("(/console/static/chunks/vendor-{lib}-[^"]+\.js)"\)',
+                              js.text)
+            assert chunk is not None, lib
+            assert len((await anon.get(chunk.group(1))).content) > 20_000
+        vendor = re.search(r'name="sandlot-vendor-css" content="([^"]+)"', page.text)
+        assert vendor is not None and (await anon.get(vendor.group(1))).status_code == 200
+        # gzip when the client takes it (httpx sends Accept-Encoding: gzip and decodes)
+        assert page.headers["content-encoding"] == "gzip"
+        assert js.headers["content-encoding"] == "gzip" and "Accept-Encoding" in js.headers["vary"]
+        plain = await anon.get("/console/static/console.js",
+                               headers={"Accept-Encoding": "identity"})
+        assert "content-encoding" not in plain.headers and plain.content == js.content
         # Anything else under /console is not public.
         assert (await anon.get("/console/api/session")).status_code == 401
 
@@ -158,22 +186,53 @@ async def test_console_can_be_turned_off(tmp_path: Path) -> None:
         await off.destroy()
 
 
-def test_sessions_end_when_idle_or_too_old(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [1000.0]
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+async def test_sessions_end_when_idle_or_too_old(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1_000_000.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
     store = SessionStore(idle_seconds=60, lifetime_seconds=300)
-    sid, _ = store.create("key")
+    sid, _ = await store.create(digest("key"))
     clock[0] += 59
-    assert store.get(sid) is not None  # used: the idle timer restarts
+    assert await store.get(sid) is not None  # used: the idle timer restarts
     clock[0] += 59
-    assert store.get(sid) is not None
+    assert await store.get(sid) is not None
     clock[0] += 61
-    assert store.get(sid) is None  # idle too long
-    sid, _ = store.create("key")
+    assert await store.get(sid) is None  # idle too long
+    sid, _ = await store.create(digest("key"))
     for _ in range(7):
         clock[0] += 50
-        store.get(sid)
-    assert store.get(sid) is None  # past its lifetime although in use
+        await store.get(sid)
+    assert await store.get(sid) is None  # past its lifetime although in use
+
+
+async def test_a_session_survives_a_restart_and_only_digests_are_stored(
+    harness: Harness, client: httpx.AsyncClient
+) -> None:
+    sid = await running(harness, client)
+    async with signed_in(harness) as (browser, csrf):
+        cookie = browser.cookies[COOKIE_NAME]
+        await harness.stop()
+        await harness.start()
+        r = await browser.get("/v1/sandboxes", headers={"X-Sandlot-CSRF": csrf})
+        assert r.status_code == 200, r.text
+        assert sid in [s["id"] for s in r.json()["items"]]
+        # the CSRF check holds after the restart too, and the page gets the same token
+        r = await browser.get("/v1/sandboxes", headers={"X-Sandlot-CSRF": "not-the-token"})
+        assert r.status_code == 401 and r.json()["code"] == "CSRF_CHECK_FAILED"
+        page = (await browser.get("/console")).text
+        assert f'name="sandlot-csrf" content="{csrf}"' in page
+        # the database holds neither the session id, nor the key, nor the CSRF token
+        db = b"".join(p.read_bytes() for p in harness.cfg.data_dir.glob("sandlot.db*"))
+        for secret in (cookie, API_KEY, csrf):
+            assert secret.encode() not in db
+        assert hashlib.sha256(cookie.encode()).hexdigest().encode() in db
+        # signing out after the restart ends it for good, restarts included
+        r = await browser.delete("/console/api/session", headers={"X-Sandlot-CSRF": csrf})
+        assert r.status_code == 204
+        await harness.stop()
+        await harness.start()
+        browser.cookies.set(COOKIE_NAME, cookie)
+        r = await browser.get("/v1/sandboxes", headers={"X-Sandlot-CSRF": csrf})
+        assert r.status_code == 401 and r.json()["code"] == "SESSION_EXPIRED"
 
 
 async def test_a_tenants_session_acts_as_that_tenant(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ and after creates that succeed and fail and a delete. Traces go to the OpenTelem
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -15,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.parser import text_string_to_metric_families
 
 from sandlot.runtime.execd_client import TOKEN_HEADER
-from tests.server.conftest import Harness
+from tests.server.conftest import API_KEY, Harness
 
 BODY = {"image": {"uri": "python:3.12"}, "entrypoint": ["tail", "-f", "/dev/null"],
         "timeout": 600, "resourceLimits": {"cpu": "500m", "memory": "256Mi"}}
@@ -97,6 +98,82 @@ async def test_metrics_parse_and_move_with_creates_failures_and_deletes(
     assert not any(labels == (("sandbox_id", sid),) for _, labels in after)  # forgotten
 
 
+@pytest.mark.fake_only  # the fake's execd is a real server that echoes the headers it got
+async def test_a_proxied_request_carries_its_span_s_traceparent_into_the_sandbox(
+    harness: Harness, client: httpx.AsyncClient
+) -> None:
+    exporter = InMemorySpanExporter()
+    harness.app.state.observability.tracing.enable(exporter)  # type: ignore[union-attr]
+    r = await client.post("/v1/sandboxes", json=BODY)
+    sid = r.json()["id"]
+    await harness.wait_state(client, sid, "Running")
+    caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    caller = {"traceparent": f"00-{caller_trace}-00f067aa0ba902b7-01", "tracestate": "k=v"}
+    answers = []
+    for extra in ({}, caller):
+        echoed = await client.get(f"/v1/sandboxes/{sid}/proxy/44772/echo", headers=extra)
+        assert echoed.status_code == 200, echoed.text
+        answers.append(echoed.json()["headers"])
+    proxied = [s for s in exporter.get_finished_spans()
+               if s.name == "GET /v1/sandboxes/{sandbox_id}/proxy/{port}/{path:path}"]
+    assert len(proxied) == 2
+    for seen, span in zip(answers, proxied, strict=True):
+        version, trace_id, parent_id, flags = seen["traceparent"].split("-")
+        assert version == "00" and int(flags, 16) & 1  # sampled (bit 2: random trace id)
+        assert trace_id == format(span.context.trace_id, "032x")
+        assert parent_id == format(span.context.span_id, "016x")  # the proxy span is the parent
+    # the caller's context is the proxy span's parent, and its tracestate travels on
+    assert proxied[0].parent is None
+    assert proxied[1].context.trace_id == int(caller_trace, 16)
+    assert proxied[1].parent is not None and proxied[1].parent.span_id == 0x00F067AA0BA902B7
+    assert answers[1]["tracestate"] == "k=v"
+    await client.delete(f"/v1/sandboxes/{sid}")
+
+
+async def _websocket_session(harness: Harness, client: httpx.AsyncClient, sid: str) -> None:
+    """One WebSocket session through the server proxy: execd's PTY on the real runtime (a
+    shell echoes the typed command), the fake execd's echo endpoint on the fake one."""
+    from websockets.asyncio.client import connect
+
+    base = harness.base.replace("http://", "ws://") + f"/v1/sandboxes/{sid}/proxy/44772"
+    headers = {"OPEN-SANDBOX-API-KEY": API_KEY}
+    if harness.kind == "fake":
+        async with connect(f"{base}/ws", additional_headers=headers) as ws:
+            await ws.send("hello through the proxy")
+            assert await asyncio.wait_for(ws.recv(), 10) == "echo:hello through the proxy"
+        return
+    created = await client.post(f"/v1/sandboxes/{sid}/proxy/44772/pty", json={})
+    assert created.status_code in (200, 201), created.text
+    session = created.json()["session_id"]
+    async with connect(f"{base}/pty/{session}/ws", additional_headers=headers) as ws:
+        seen = ""
+        await ws.send(b"\x00" + b"echo W$((6*7))W\n")  # the reference's binary stdin frame
+        while "W42W" not in seen:
+            frame = await asyncio.wait_for(ws.recv(), 15)
+            seen += frame[1:].decode(errors="replace") if isinstance(frame, bytes) else ""
+    await client.delete(f"/v1/sandboxes/{sid}/proxy/44772/pty/{session}")
+
+
+async def test_websocket_traffic_through_the_proxy_is_counted(
+    harness: Harness, client: httpx.AsyncClient
+) -> None:
+    r = await client.post("/v1/sandboxes", json=BODY)
+    assert r.status_code == 202, r.text
+    sid = r.json()["id"]
+    await harness.wait_state(client, sid, "Running")
+    before = await scrape(client)
+    await _websocket_session(harness, client, sid)
+    after = await scrape(client)
+    for direction in ("to_sandbox", "from_sandbox"):
+        assert value(after, "sandlot_proxy_bytes_total", direction=direction) > value(
+            before, "sandlot_proxy_bytes_total", direction=direction), direction
+    # the stdin frame (or echoed text) at least: the payloads themselves were counted
+    sent = value(after, "sandlot_proxy_bytes_total", direction="to_sandbox") - value(
+        before, "sandlot_proxy_bytes_total", direction="to_sandbox")
+    assert sent >= len("hello through the proxy" if harness.kind == "fake" else "echo W$((6*7))W")
+    await client.delete(f"/v1/sandboxes/{sid}")
+
+
 @pytest.mark.fake_only
 async def test_metrics_can_be_open_to_scrapers(harness: Harness) -> None:
     await harness.stop()
@@ -168,10 +245,64 @@ async def test_large_diagnostics_keep_their_tail_and_say_truncated(harness: Harn
 
 
 @pytest.mark.fake_only
+async def test_large_diagnostics_go_by_a_short_lived_url(harness: Harness) -> None:
+    await harness.stop()
+    harness.cfg.diagnostics.max_inline_bytes = 1024
+    harness.cfg.diagnostics.delivery = "auto"
+    await harness.start()
+    async with harness.client() as client, harness.client(key=None) as anon:
+        r = await client.post("/v1/sandboxes", json=BODY)
+        sid = r.json()["id"]
+        await harness.wait_state(client, sid, "Running")
+        small = (await client.get(f"/v1/sandboxes/{sid}/diagnostics/events",
+                                  params={"scope": "runtime"})).json()
+        assert small["delivery"] == "inline" and "contentUrl" not in small  # under the limit
+        for _ in range(4):  # four events per cycle: past 1 KiB
+            assert (await client.post(f"/v1/sandboxes/{sid}/pause")).status_code == 202
+            await harness.wait_state(client, sid, "Paused")
+            assert (await client.post(f"/v1/sandboxes/{sid}/resume")).status_code == 202
+            await harness.wait_state(client, sid, "Running")
+        body = (await client.get(f"/v1/sandboxes/{sid}/diagnostics/events",
+                                 params={"scope": "runtime"})).json()
+        assert body["delivery"] == "url" and "content" not in body
+        assert body["truncated"] is False  # all of it, not the inline tail
+        assert body["contentUrl"].startswith(f"{harness.base}/v1/diagnostics/downloads/")
+        expires = datetime.fromisoformat(body["expiresAt"].replace("Z", "+00:00"))
+        assert timedelta(0) < expires - datetime.now(UTC) <= timedelta(seconds=301)
+        got = await anon.get(body["contentUrl"])  # the URL is the credential: no key
+        assert got.status_code == 200, got.text
+        assert got.headers["content-type"].startswith("text/plain")
+        assert len(got.content) == body["contentLength"] > 1024
+        assert "Sandbox created" in got.text  # the oldest events are there
+        assert got.text.rstrip().endswith("Resuming -> Running (CONTAINER_RUNNING)")
+        # the released SDK reads the same descriptor
+        from opensandbox import SandboxManager
+        from opensandbox.config import ConnectionConfig
+
+        manager = await SandboxManager.create(connection_config=ConnectionConfig(
+            domain=f"127.0.0.1:{harness.cfg.server.port}", api_key=API_KEY))
+        try:
+            sdk = await manager.get_diagnostic_events(sid, "runtime")
+        finally:
+            await manager.close()
+        assert sdk.delivery == "url" and sdk.content is None and sdk.content_url
+        assert (await anon.get(sdk.content_url)).text == got.text
+        # a guessed token, and an expired URL: the contract's error shape
+        wrong = await anon.get(body["contentUrl"][:-4] + "AAAA")
+        assert wrong.status_code == 404
+        assert wrong.json()["code"] == "DIAGNOSTICS_DOWNLOAD_NOT_FOUND"
+        harness.app.state.diagnostic_downloads.ttl_seconds = 1e-9  # type: ignore[union-attr]
+        stale = (await client.get(f"/v1/sandboxes/{sid}/diagnostics/events",
+                                  params={"scope": "runtime"})).json()
+        gone = await anon.get(stale["contentUrl"])
+        assert gone.status_code == 404 and set(gone.json()) >= {"code", "message"}
+        await client.delete(f"/v1/sandboxes/{sid}")
+
+
+@pytest.mark.fake_only
 async def test_expiry_is_an_event_readable_after_the_end(
     harness: Harness, client: httpx.AsyncClient
 ) -> None:
-    from datetime import timedelta
 
     from sandlot.server.models import utcnow
 

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from sandlot import __version__
 from sandlot.config import Config
-from sandlot.console.routes import install_console
+from sandlot.console.routes import install_console, open_sessions
 from sandlot.runtime.base import Runtime
 from sandlot.server.api import (
     diagnostics,
@@ -73,6 +73,7 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
         app.state.snapshots = snapshots
         app.state.proxy_clients = proxy.ProxyClients(service)
         await observability.start(app, service, store)
+        await open_sessions(app, store)
         try:
             await snapshots.start()
             await service.start()
@@ -98,6 +99,7 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
     )
     install_error_handlers(app)
     app.include_router(meta.router)
+    app.include_router(diagnostics.downloads_router)
     if cfg.metrics.enabled:
         app.include_router(prometheus.router)
     for prefix in ("/v1", ""):

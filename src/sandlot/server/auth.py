@@ -1,9 +1,9 @@
 """Authentication gate and request ids, as pure ASGI middleware.
 
 The web console's browser sessions enter here and nowhere else: a request with a console
-cookie and no key header is given the key its session signed in with (``console.sessions``,
-which also checks the CSRF token and strips cookie and token), and then faces the same
-authenticators as every client.
+cookie and no key header is given the digest of the key its session signed in with
+(``console.sessions``, which also checks the CSRF token and strips cookie and token), and then
+faces the same authenticators as every client.
 
 Each request is resolved to a principal (a tenant or an administrator) by the first of
 ``authenticators`` that vouches for it (``tenancy.authn``: the API key, or one plugged in
@@ -24,14 +24,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandlot.console.sessions import SessionRejected, SessionStore
 from sandlot.server import codes
-from sandlot.server.tenancy.authn import API_KEY_HEADER, Authenticator
+from sandlot.server.diagnostic_downloads import PATH_PREFIX as DOWNLOADS_PREFIX
+from sandlot.server.tenancy.authn import API_KEY_HEADER, SESSION_KEY_DIGEST, Authenticator
 from sandlot.server.tenancy.principal import ADMIN, ANONYMOUS, Principal, acting_as
 
 REQUEST_ID_HEADER = b"x-request-id"
 # Reachable without a key, as on the reference server (liveness probes, version checks).
 PUBLIC_PATHS = frozenset({"/health", "/version"})
 # The console's page shell and its static assets hold no data: its sign-in form is among them.
-PUBLIC_PREFIXES = ("/console/static/",)
+# Diagnostics download URLs carry their own 256-bit token (``diagnostic_downloads``).
+PUBLIC_PREFIXES = ("/console/static/", DOWNLOADS_PREFIX)
 PUBLIC_PAGES = frozenset({"/console", "/console/"})
 
 
@@ -82,14 +84,15 @@ class ApiKeyMiddleware:
         given = headers.get(API_KEY_HEADER)
         if self.sessions is not None and not given:
             try:
-                resolved = self.sessions.authenticate(scope)
+                resolved = await self.sessions.authenticate(scope)
             except SessionRejected as exc:
                 await _refuse(scope, send, send_with_id, (exc.code, exc.message))
                 return
             if resolved is not None:
-                # The session's key goes in as the header: the same authenticators decide.
-                scope, given = resolved
-                scope["headers"] = [*scope["headers"], (API_KEY_HEADER, given)]
+                # The session's key digest goes in the scope: the same authenticators decide.
+                scope, key_digest = resolved
+                scope[SESSION_KEY_DIGEST] = key_digest
+                given = b"(the console session's key)"  # a retired key: INVALID_API_KEY
         principal = await self._principal(scope)
         if principal is None and not self._is_public(scope["path"]):
             await _refuse(scope, send, send_with_id, _key_problem(given))

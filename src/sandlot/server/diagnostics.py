@@ -69,11 +69,13 @@ def _tail(text: str, max_bytes: int) -> tuple[str, bool]:
 
 class DiagnosticsService(LifecycleObserver):
     def __init__(self, service: SandboxService, recorder: EventRecorder,
-                 monitor: SandboxMonitor, max_inline_bytes: int) -> None:
+                 monitor: SandboxMonitor, max_bytes: int) -> None:
+        """``max_bytes``: the most of a payload collected (and kept after the end); the inline
+        limit, or the URL one when payloads may go by URL."""
         self.service = service
         self.recorder = recorder
         self.monitor = monitor
-        self.max_bytes = max_inline_bytes
+        self.max_bytes = max_bytes
         self._exit_seen: dict[str, str] = {}
 
     # ----- what the routes call ----------------------------------------------------------

@@ -58,7 +58,9 @@ class ServerMetrics(LifecycleObserver):
             "sandlot_http_request_duration_seconds", "API request time to the response's start",
             ["method", "route"], buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.proxy_bytes = Counter(
-            "sandlot_proxy_bytes", "Bytes relayed by the server proxy (/proxy/{port})",
+            "sandlot_proxy_bytes",
+            "Bytes relayed by the server proxy (/proxy/{port}): HTTP bodies and WebSocket "
+            "message payloads",
             ["direction"], registry=self.registry)
         self.lifecycle_events = Counter(
             "sandlot_sandbox_transitions", "Sandbox state transitions by the state entered",
@@ -188,6 +190,9 @@ class RequestMetricsMiddleware:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and "/proxy/" in scope["path"]:
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -221,6 +226,36 @@ class RequestMetricsMiddleware:
             if is_proxy:
                 self.metrics.proxy_bytes.labels(direction="to_sandbox").inc(counted[0])
                 self.metrics.proxy_bytes.labels(direction="from_sandbox").inc(counted[1])
+
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A proxied WebSocket (a terminal, a Jupyter kernel): its messages' payloads are
+        counted as they pass, not at the end, so a session open for hours shows on the
+        dashboard while it runs."""
+        to_sandbox = self.metrics.proxy_bytes.labels(direction="to_sandbox")
+        from_sandbox = self.metrics.proxy_bytes.labels(direction="from_sandbox")
+
+        async def counting_receive() -> Message:
+            message = await receive()
+            if message["type"] == "websocket.receive":
+                to_sandbox.inc(_ws_payload_size(message))
+            return message
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "websocket.send":
+                from_sandbox.inc(_ws_payload_size(message))
+            await send(message)
+
+        await self.app(scope, counting_receive, counting_send)
+
+
+def _ws_payload_size(message: Message) -> int:
+    """Bytes of one WebSocket message's payload (a text frame counts as its UTF-8 bytes)."""
+    data = message.get("bytes")
+    if data is not None:
+        return len(data)
+    text = message.get("text")
+    return len(text.encode()) if text is not None else 0
 
 
 def _template(scope: Scope) -> str:

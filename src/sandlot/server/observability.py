@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 
 from sandlot.config import Config
+from sandlot.server.diagnostic_downloads import DiagnosticDownloads
 from sandlot.server.diagnostics import DiagnosticsService
 from sandlot.server.event_recorder import EventRecorder
 from sandlot.server.metrics import RequestMetricsMiddleware, ServerMetrics
@@ -50,12 +51,15 @@ class Observability:
         d = self.cfg.diagnostics
         self.monitor = SandboxMonitor(service, self.recorder, d.sample_interval_seconds,
                                       d.retention_seconds)
-        self.diagnostics = DiagnosticsService(service, self.recorder, self.monitor,
-                                              d.max_inline_bytes)
+        # Payloads delivered by URL may be larger than inline ones: collect up to that.
+        collect = d.max_inline_bytes if d.delivery == "inline" else max(d.max_inline_bytes,
+                                                                        d.max_url_bytes)
+        self.diagnostics = DiagnosticsService(service, self.recorder, self.monitor, collect)
         service.observers.add(self.recorder)
         service.observers.add(self.diagnostics)
         self.metrics.attach(service, self.monitor)
         app.state.diagnostics = self.diagnostics
+        app.state.diagnostic_downloads = DiagnosticDownloads(d.url_ttl_seconds)
         app.state.monitor = self.monitor
 
     def run(self) -> None:

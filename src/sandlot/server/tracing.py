@@ -6,6 +6,11 @@ such as the SDK's ``InMemorySpanExporter``): then every API request gets a serve
 adds ``sandbox.create`` > ``sandbox.provision`` > ``runtime.create`` / ``execd.wait_ready``.
 Off, the tracer is OpenTelemetry's no-op one: nothing is recorded or allocated per span.
 
+W3C trace context crosses both edges through OpenTelemetry's propagator API: a request's
+``traceparent`` (and ``tracestate``/``baggage``) becomes the parent of its server span, and a
+proxied request carries the proxy span's own ``traceparent`` into the sandbox
+(``propagate_into``), so a service in the sandbox joins the same trace.
+
 The provider is the app's own, not OpenTelemetry's process-global one (several apps may
 run in one process, e.g. in tests).
 """
@@ -14,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -73,7 +78,8 @@ class TracingMiddleware:
             return
         tracer = self.tracing.tracer
         start = time.time_ns()
-        with tracer.start_as_current_span(f"{scope['method']} {scope['path']}",
+        parent = propagate.extract(_header_carrier(scope))
+        with tracer.start_as_current_span(f"{scope['method']} {scope['path']}", context=parent,
                                           kind=SpanKind.SERVER, start_time=start) as span:
             status = 500
 
@@ -100,3 +106,26 @@ class TracingMiddleware:
                     span.set_attribute("sandlot.port", str(params["port"]))
                 if status >= 500:
                     span.set_status(Status(StatusCode.ERROR))
+
+
+def _header_carrier(scope: Scope) -> dict[str, str]:
+    """A request's headers as the propagator reads them (lower-case names; a repeated
+    header's values joined as HTTP allows)."""
+    carrier: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers") or ():
+        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+        carrier[name] = f"{carrier[name]},{value}" if name in carrier else value
+    return carrier
+
+
+def propagate_into(headers: list[tuple[str, str]]) -> None:
+    """Put the current span's trace context into ``headers`` of a request about to leave
+    (replacing the caller's, whose span is this one's parent). Without a recording span
+    (tracing off) nothing is injected and the caller's headers pass unchanged."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    if not carrier:
+        return
+    replaced = {name.lower() for name in carrier}
+    headers[:] = [(k, v) for k, v in headers if k.lower() not in replaced]
+    headers.extend(carrier.items())

@@ -1,6 +1,7 @@
 """Diagnostic API routes (diagnostic-api.yml) and the deprecated DevOps plain-text ones.
 
-With ``scope``: the JSON descriptor of the spec, delivered inline. Without it: the plain
+With ``scope``: the JSON descriptor of the spec, delivered inline or, per ``[diagnostics]
+delivery``, by a short-lived download URL (``diagnostic_downloads``). Without it: the plain
 text the reference's DevOps routes answer (``osb devops logs/events``), marked
 ``Deprecation: true`` as there; ``inspect`` and ``summary`` are plain text only. The work is
 ``DiagnosticsService``'s (``sandlot.server.diagnostics``).
@@ -8,14 +9,19 @@ text the reference's DevOps routes answer (``osb devops logs/events``), marked
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from sandlot.errors import NotFound
+from sandlot.server.diagnostic_downloads import PATH_PREFIX, DiagnosticDownloads
 from sandlot.server.diagnostics import CONTENT_TYPE, Content, DiagnosticsService
 
 router = APIRouter()
+# Mounted once, at PATH_PREFIX, and reachable without the API key (the token is the key).
+downloads_router = APIRouter()
 
 
 def _diagnostics(request: Request) -> DiagnosticsService:
@@ -23,12 +29,24 @@ def _diagnostics(request: Request) -> DiagnosticsService:
     return found
 
 
-def _descriptor(sandbox_id: str, kind: str, scope: str, content: Content) -> JSONResponse:
+def _descriptor(request: Request, sandbox_id: str, kind: str, scope: str,
+                content: Content) -> JSONResponse:
     body: dict[str, Any] = {
         "sandboxId": sandbox_id, "kind": kind, "scope": scope, "delivery": "inline",
-        "contentType": CONTENT_TYPE, "content": content.text,
-        "contentLength": len(content.text.encode()), "truncated": content.truncated,
+        "contentType": CONTENT_TYPE, "truncated": content.truncated,
     }
+    payload = content.text.encode()
+    cfg = request.app.state.service.cfg.diagnostics
+    if cfg.delivery == "url" or (cfg.delivery == "auto" and len(payload) > cfg.max_inline_bytes):
+        downloads: DiagnosticDownloads = request.app.state.diagnostic_downloads
+        path, expires = downloads.put(payload)
+        body["delivery"] = "url"
+        body["contentUrl"] = str(request.base_url).rstrip("/") + path
+        body["expiresAt"] = datetime.fromtimestamp(expires, UTC).isoformat(
+            timespec="seconds").replace("+00:00", "Z")
+    else:
+        body["content"] = content.text
+    body["contentLength"] = len(payload)
     if content.warnings:
         body["warnings"] = content.warnings
     return JSONResponse(body)
@@ -51,7 +69,8 @@ async def diagnostic_logs(
     diagnostics = _diagnostics(request)
     if scope is None:
         return _deprecated(await diagnostics.legacy_logs(sandbox_id, tail, since))
-    return _descriptor(sandbox_id, "logs", scope, await diagnostics.logs(sandbox_id, scope))
+    return _descriptor(request, sandbox_id, "logs", scope,
+                       await diagnostics.logs(sandbox_id, scope))
 
 
 @router.get("/sandboxes/{sandbox_id}/diagnostics/events", response_model=None)
@@ -62,7 +81,8 @@ async def diagnostic_events(
     diagnostics = _diagnostics(request)
     if scope is None:
         return _deprecated(await diagnostics.legacy_events(sandbox_id, limit))
-    return _descriptor(sandbox_id, "events", scope, await diagnostics.events(sandbox_id, scope))
+    return _descriptor(request, sandbox_id, "events", scope,
+                       await diagnostics.events(sandbox_id, scope))
 
 
 @router.get("/sandboxes/{sandbox_id}/diagnostics/inspect")
@@ -76,3 +96,14 @@ async def diagnostic_summary(
     event_limit: int = Query(20, ge=1, le=500),
 ) -> PlainTextResponse:
     return PlainTextResponse(await _diagnostics(request).summary(sandbox_id, tail, event_limit))
+
+
+@downloads_router.get(PATH_PREFIX + "{token}", include_in_schema=False)
+async def diagnostic_download(request: Request, token: str) -> Response:
+    downloads: DiagnosticDownloads = request.app.state.diagnostic_downloads
+    body = downloads.get(token)
+    if body is None:
+        raise NotFound("This diagnostics download URL is unknown or has expired; request the "
+                       "diagnostics again for a new one.", code="DIAGNOSTICS_DOWNLOAD_NOT_FOUND")
+    return Response(body, media_type=CONTENT_TYPE,
+                    headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})

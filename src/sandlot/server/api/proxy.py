@@ -28,6 +28,7 @@ from sandlot.server import codes
 from sandlot.server.models import SandboxState
 from sandlot.server.sandbox_transport import SandboxTransport
 from sandlot.server.service import SandboxService
+from sandlot.server.tracing import propagate_into
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -154,6 +155,7 @@ async def proxy_http(
     await request.app.state.service.renew_on_access(sandbox_id)
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP]
     _add_execd_token(request.app.state.service, sandbox_id, port, headers)
+    propagate_into(headers)
     has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
     upstream_req = client.build_request(
         request.method,

@@ -50,12 +50,18 @@ def _v6_diagnostics(conn: Connection) -> None:
     tables.sandbox_final_logs.create(conn, checkfirst=True)
 
 
+def _v7_console_sessions(conn: Connection) -> None:
+    """Console sessions survive a restart (console/sessions.py)."""
+    tables.console_sessions.create(conn, checkfirst=True)
+
+
 # Key of the PostgreSQL advisory lock held while migrating (any fixed 64-bit number).
 _PG_MIGRATION_LOCK = 0x53414E444C4F54  # "SANDLOT"
 
 # Append only. Index + 1 is the version number.
 MIGRATIONS: list[Callable[[Connection], None]] = [
     _v1_initial, _v2_snapshots, _v3_pools, _v4_templates, _v5_owners, _v6_diagnostics,
+    _v7_console_sessions,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -111,3 +111,14 @@ sandbox_final_logs = Table(
     Column("content", Text, nullable=False),
     Column("truncated", Boolean, nullable=False),
 )
+
+# Web console sign-ins (console/sessions.py): only digests, of the session id (the cookie) and
+# of the API key signed in with, so a copy of the database signs nobody in.
+console_sessions = Table(
+    "console_sessions",
+    metadata,
+    Column("id_digest", String(64), primary_key=True),
+    Column("key_digest", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),  # UTC epoch seconds
+    Column("last_used_at", Float, nullable=False),
+)

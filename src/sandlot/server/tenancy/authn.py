@@ -17,6 +17,9 @@ from sandlot.server.tenancy.keys import digest
 from sandlot.server.tenancy.principal import ADMIN, Principal
 
 API_KEY_HEADER = b"open-sandbox-api-key"
+# Set by the API-key middleware (never from the wire) when a console session vouched for a
+# request: the digest of the key that session signed in with.
+SESSION_KEY_DIGEST = "sandlot.session_key_digest"
 
 
 class Authenticator(Protocol):
@@ -43,7 +46,9 @@ class ApiKeyAuthenticator:
     def principal_for_key(self, key: str | bytes) -> Principal | None:
         if not key:
             return None
-        d = digest(key)
+        return self.principal_for_digest(digest(key))
+
+    def principal_for_digest(self, d: str) -> Principal | None:
         if self._server_digest is not None and d == self._server_digest:
             return ADMIN
         if self.directory is not None:
@@ -52,4 +57,7 @@ class ApiKeyAuthenticator:
 
     async def authenticate(self, scope: Scope) -> Principal | None:
         given = header(scope, API_KEY_HEADER)
-        return self.principal_for_key(given) if given else None
+        if given:
+            return self.principal_for_key(given)
+        session_digest = scope.get(SESSION_KEY_DIGEST)
+        return self.principal_for_digest(session_digest) if session_digest else None
