@@ -54,6 +54,7 @@ from sandlot.server.models import SandboxRecord, SandboxState, utcnow
 from sandlot.server.observers import Observers
 from sandlot.server.pools import POOL_REF, PoolService
 from sandlot.server.quantity import parse_ephemeral_storage
+from sandlot.server.resource_requests import parse_requests
 from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store import SandboxStore
 from sandlot.server.tenancy import principal as tenancy
@@ -273,6 +274,9 @@ class SandboxService:
         resources = self.bounds.resources(limits)
         limits = {**self.bounds.defaults, **limits}  # what the sandbox gets
         disk = self._disk_bytes(limits)
+        requests = parse_requests(
+            req.resource_requests, supported=self.runtime.capabilities.resource_requests,
+            runtime=self.runtime.name, cpu_limit=resources.cpu, memory_limit=resources.memory)
         volumes = spec_parts.volume_specs(req.volumes)
         await self.runtime.check_volumes(volumes)
         # Checked with no await before the record is added: concurrent creates of one tenant
@@ -316,7 +320,7 @@ class SandboxService:
             await self.store.save(rec)
         parts = {"env": env, "cpu": resources.cpu, "memory": resources.memory,
                  "pids": resources.pids, "disk": disk, "auth": auth,
-                 "volumes": volumes, "snapshot_id": snapshot_id}
+                 "volumes": volumes, "snapshot_id": snapshot_id, "requests": requests}
         task = asyncio.create_task(self._provision(rec, parts))
         self._provisioning[rec.id] = task
         task.add_done_callback(self._provisioned)
@@ -482,6 +486,8 @@ class SandboxService:
                 cpu_cores=parts["cpu"],
                 memory_bytes=parts["memory"],
                 disk_bytes=parts["disk"],
+                cpu_request_cores=parts["requests"].cpu if parts["requests"] else None,
+                memory_request_bytes=parts["requests"].memory if parts["requests"] else None,
                 pids_limit=parts["pids"],
                 execd_token=token,
                 volumes=parts["volumes"],
