@@ -640,10 +640,21 @@ class SandboxService:
             log.exception("expiring %s failed; retrying in %.0fs", sandbox_id, EXPIRY_RETRY)
             self.expiry.schedule(sandbox_id, utcnow() + timedelta(seconds=EXPIRY_RETRY))
 
+    def _no_pause(self, what: str) -> InvalidRequest:
+        """A 400 for pause/resume on a backend that cannot pause; on Kubernetes with the
+        reference's code and words for its providers without pause."""
+        if self.runtime.name == "kubernetes":
+            return InvalidRequest(
+                f"{what} is not supported for this sandbox type: the kubernetes runtime "
+                "runs plain Pods, and Kubernetes cannot freeze a Pod's processes and keep "
+                "its memory", code=codes.K8S_INVALID_STATE)
+        return _unsupported(f"{what.lower()[:-1]}ing is not supported by the "
+                            f"{self.runtime.name} runtime")
+
     async def pause(self, sandbox_id: str) -> None:
         rec = self.get(sandbox_id)
         if not self.runtime.capabilities.pause:
-            raise _unsupported(f"pausing is not supported by the {self.runtime.name} runtime")
+            raise self._no_pause("Pause")
         async with self._lock(sandbox_id):
             if rec.state != SandboxState.RUNNING:
                 raise Conflict(
@@ -672,6 +683,8 @@ class SandboxService:
 
     async def resume(self, sandbox_id: str) -> None:
         rec = self.get(sandbox_id)
+        if not self.runtime.capabilities.pause:
+            raise self._no_pause("Resume")
         async with self._lock(sandbox_id):
             if rec.state != SandboxState.PAUSED:
                 raise Conflict(
