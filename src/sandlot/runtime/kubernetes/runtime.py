@@ -71,6 +71,8 @@ from sandlot.runtime.kubernetes.watcher import PodWatch
 from sandlot.server.quantity import parse_cpu, parse_ephemeral_storage, parse_memory
 
 log = logging.getLogger(__name__)
+# Keeper keys of the server's warm pool: one per image ("" + image; pool names have no ":").
+SERVER_POOL = ":"
 
 
 
@@ -131,7 +133,8 @@ class KubernetesRuntime(Runtime):
         self._reports: set[asyncio.Task[None]] = set()
         # sandbox id -> Pod name where they differ (a claimed warm Pod), from the Pods' labels
         self._claimed: dict[str, str] = {}
-        # warm Pods by pool ("" = the server's warm pool, else a /v1/pools pool)
+        # warm Pods by pool (SERVER_POOL + image: the server's warm pool, else a /v1/pools
+        # pool's name)
         self.keepers: dict[str, WarmKeeper] = {}
 
     @classmethod
@@ -161,6 +164,8 @@ class KubernetesRuntime(Runtime):
             for pod in list(rt.pods.pods.values()):
                 rt._note(pod)
             await rt._sweep_warm()  # a dead server's warm Pods: their pool tokens are lost
+            for image in rt.plan.warm_pool_images:  # the server's warm pool
+                await rt.prewarm(ImageRef(image))
         except BaseException:
             await api.close()
             raise
@@ -403,8 +408,8 @@ class KubernetesRuntime(Runtime):
 
     def _take_warm(self, spec: SandboxSpec) -> WarmPod | None:
         """A ready warm Pod for ``spec``: of the pool it names, else of the server's."""
-        for pool in dict.fromkeys((spec.extensions.get("poolRef", ""), "")):
-            keeper = self.keepers.get(pool)
+        for pool in (spec.extensions.get("poolRef"), SERVER_POOL + spec.image.reference):
+            keeper = self.keepers.get(pool) if pool else None
             if keeper is not None and keeper.fits(spec, self._same_resources):
                 warm = keeper.take()
                 if warm is not None:
@@ -489,8 +494,8 @@ class KubernetesRuntime(Runtime):
         """The server's warm pool: ``[kubernetes] warm_pool_size`` Pods of each of
         ``[runtime] warm_pool_images``, in the default shape."""
         if self.cfg.warm_pool_size > 0 and image.reference in self.plan.warm_pool_images:
-            self._keep("", self._template(ImageRef(image.reference), {}),
-                       self.cfg.warm_pool_size)
+            self._keep(SERVER_POOL + image.reference,
+                       self._template(ImageRef(image.reference), {}), self.cfg.warm_pool_size)
 
     async def ensure_pool(self, name: str, image: ImageRef, size: int,
                           snapshot_id: str | None = None,
@@ -514,7 +519,14 @@ class KubernetesRuntime(Runtime):
         return len(keeper.ready) if keeper is not None else 0
 
     def warm_pools(self) -> dict[str, WarmPoolStats]:
-        return {pool: keeper.stats() for pool, keeper in self.keepers.items()}
+        """By pool name; the server's warm pool (one keeper per image) as ""."""
+        named = {p: k.stats() for p, k in self.keepers.items() if not p.startswith(SERVER_POOL)}
+        server = [k.stats() for p, k in self.keepers.items() if p.startswith(SERVER_POOL)]
+        if server:
+            named[""] = WarmPoolStats(ready=sum(s.ready for s in server),
+                                      claims=sum(s.claims for s in server),
+                                      misses=sum(s.misses for s in server))
+        return named
 
     # -- Pods changing behind the server's back -----------------------------------------
 
@@ -536,6 +548,10 @@ class KubernetesRuntime(Runtime):
             self._note(pod)
         labels = pod.metadata.labels or {}
         sandbox_id = labels.get(LABEL_SANDBOX)
+        if LABEL_WARM in labels and (kind == "DELETED" or podstatus.info(
+                sandbox_id or "", pod).state in (ContainerState.STOPPED, ContainerState.MISSING)):
+            for keeper in self.keepers.values():  # a ready warm Pod gone behind our back
+                keeper.forget(pod.metadata.name)
         if (sandbox_id is None or LABEL_WARM in labels or self._listener is None
                 or sandbox_id in self._deleting or sandbox_id in self._reported
                 or sandbox_id in self._locks and self._locks[sandbox_id].locked()):

@@ -10,8 +10,9 @@ handed the sandbox's environment, token and entrypoint. Pod resources cannot cha
 start on the clusters sandlot supports (in-place resize is 1.27+ and alpha), so a create of
 another shape starts cold instead, with the same result.
 
-One ``WarmKeeper`` per pool: ``""`` is the server's warm pool (``[runtime] warm_pool_*``,
-the default shape), any other name a ``/v1/pools`` pool (``extensions.poolRef``).
+One ``WarmKeeper`` per pool: one per image of the server's warm pool (``[runtime]
+warm_pool_images``, ``[kubernetes] warm_pool_size``, the default shape), and one per
+``/v1/pools`` pool (``extensions.poolRef``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,13 @@ class WarmKeeper:
         self._failures = 0  # a create wants one: try again
         self.fill()
         return None
+
+    def forget(self, name: str) -> None:
+        """A ready warm Pod that stopped or vanished: no longer offered; start another."""
+        before = len(self.ready)
+        self.ready = [p for p in self.ready if p.name != name]
+        if len(self.ready) != before:
+            self.fill()
 
     def resize(self, size: int, template: SandboxSpec | None = None) -> None:
         self.size = max(0, size)
