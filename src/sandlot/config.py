@@ -295,6 +295,9 @@ class KubernetesConfig(_Section):
     read_only_root_filesystem: bool = False  # true breaks images that write outside volumes
     drop_capabilities: list[str] | None = None  # unset: [docker]'s default list
     termination_grace_period_seconds: int = Field(default=2, ge=0)
+    # Warm Pods kept of each of [runtime] warm_pool_images in the default shape, claimed by
+    # creates that match (0: none; [runtime] warm_pool_size is the single-host backends').
+    warm_pool_size: int = Field(default=0, ge=0)
     # Marks this sandlot's Pods; unset: an id kept in data_dir (set it when data_dir is
     # not persistent, e.g. in the cluster deployment).
     owner: str | None = Field(

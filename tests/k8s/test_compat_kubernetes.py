@@ -50,13 +50,15 @@ async def test_sdk_lifecycle_on_pods(sandlot_server: SandlotServer) -> None:
         out = "".join(m.text for m in run.logs.stdout)
         assert "sandlot.execd" in out
 
-        with pytest.raises(SandboxException) as unsupported:
-            await manager.pause_sandbox(sandbox.id)
-        assert isinstance(unsupported.value, SandboxApiException)
-        # the server's answer to what a backend cannot do, as the reference spells it
-        assert unsupported.value.status_code == 400
-        assert "SANDBOX::API_NOT_SUPPORTED" in str(unsupported.value)
-        assert "not supported by the kubernetes runtime" in str(unsupported.value)
+        for call in (manager.pause_sandbox, manager.resume_sandbox):
+            with pytest.raises(SandboxException) as unsupported:
+                await call(sandbox.id)
+            assert isinstance(unsupported.value, SandboxApiException)
+            # the reference's answer for its Kubernetes workloads that cannot pause
+            assert unsupported.value.status_code == 400
+            assert "KUBERNETES::INVALID_STATE" in str(unsupported.value)
+            assert "is not supported for this sandbox type" in str(unsupported.value)
+        assert (await sandbox.get_info()).status.state == "Running"
 
         await sandbox.kill()
         with pytest.raises(SandboxException):

@@ -98,6 +98,8 @@ def test_twenty_concurrent_creates_run_with_their_limits(server: SandlotServer) 
         sandbox = await Sandbox.create(
             COMPAT_IMAGE, connection_config=server.sdk_config(timeout=300),
             resource={"cpu": f"{100 + i}m", "memory": "128Mi"},
+            # the SDK's resource_requests (resourceRequests) on every other one
+            resource_requests={"memory": "32Mi"} if i % 2 else None,
             metadata={"n": str(i)}, ready_timeout=timedelta(seconds=300),
         )
         try:
@@ -118,4 +120,5 @@ def test_twenty_concurrent_creates_run_with_their_limits(server: SandlotServer) 
             spec = pod_of(server.k8s, sid)["spec"]["containers"][0]
             assert spec["resources"]["limits"] == {"cpu": f"{100 + i}m",
                                                    "memory": str(128 << 20)}
-            assert spec["resources"]["requests"]["memory"] == str((128 << 20) // 20)
+            assert spec["resources"]["requests"]["memory"] == \
+                str(32 << 20 if i % 2 else (128 << 20) // 20)

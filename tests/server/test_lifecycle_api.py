@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -366,3 +367,36 @@ async def test_no_prewarm_when_the_pool_is_off(tmp_path: Path) -> None:
         await h.stop()
         await h.runtime.stop_all()
         shutil.rmtree(h.short_root, ignore_errors=True)
+
+
+@pytest.mark.fake_only
+async def test_resource_requests_reach_a_runtime_that_schedules_by_them(
+    harness: Harness, client: httpx.AsyncClient
+) -> None:
+    """resourceRequests: refused (400) by a backend without requests, checked against the
+    limits and handed over as the spec's requests by one with them."""
+    r = await client.post("/v1/sandboxes", json={**BODY, "resourceRequests": {"cpu": "100m"}})
+    assert r.status_code == 400, r.text
+    assert r.json()["code"] == "SANDBOX::INVALID_PARAMETER"
+    assert "resourceRequests are not supported by the" in r.json()["message"]
+
+    caps = harness.runtime.capabilities
+    harness.runtime.capabilities = dataclasses.replace(caps, resource_requests=True)
+    try:
+        body = await create(client, resourceRequests={"cpu": "100m", "memory": "64Mi"})
+        await harness.wait_state(client, body["id"], "Running")
+        spec = harness.runtime.created[-1]
+        assert (spec.cpu_request_cores, spec.memory_request_bytes) == (0.1, 64 << 20)
+        assert (spec.cpu_cores, spec.memory_bytes) == (0.5, 512 << 20)
+        for bad, words in (({"cpu": "2"}, "exceeds the sandbox's cpu limit"),
+                           ({"memory": "1Gi"}, "exceeds the sandbox's memory limit"),
+                           ({"nvidia.com/gpu": "1"}, "nvidia.com/gpu is not supported"),
+                           ({"cpu": "lots"}, "cpu")):
+            r = await client.post("/v1/sandboxes", json={**BODY, "resourceRequests": bad})
+            assert r.status_code == 400, (bad, r.text)
+            assert words in r.json()["message"], (bad, r.text)
+        body = await create(client, resourceRequests=None)
+        await harness.wait_state(client, body["id"], "Running")
+        assert harness.runtime.created[-1].cpu_request_cores is None
+    finally:
+        harness.runtime.capabilities = caps

@@ -57,6 +57,18 @@ def test_limits_requests_hardening_and_identity() -> None:
     assert init["securityContext"]["readOnlyRootFilesystem"] is True
 
 
+def test_resource_requests_of_the_create_win_over_the_fraction() -> None:
+    pod = plan(request_fraction=0.25).pod(spec(cpu_cores=1.0, memory_bytes=1 << 30,
+                                               cpu_request_cores=0.1,
+                                               memory_request_bytes=64 << 20))
+    assert pod["spec"]["containers"][0]["resources"] == {
+        "limits": {"cpu": "1000m", "memory": str(1 << 30)},
+        "requests": {"cpu": "100m", "memory": str(64 << 20)}}
+    # requests without limits (Burstable, capped by the node only)
+    only = plan().pod(spec(memory_request_bytes=64 << 20))["spec"]["containers"][0]
+    assert only["resources"] == {"requests": {"memory": str(64 << 20)}}
+
+
 def test_no_limits_means_no_resources() -> None:
     assert plan().pod(spec())["spec"]["containers"][0]["resources"] == {}
 

@@ -82,6 +82,9 @@ class SandboxSpec:
     cpu_cores: float | None = None  # e.g. 0.5; None = unlimited
     memory_bytes: int | None = None  # None = unlimited
     disk_bytes: int | None = None  # cap on the writable layer ("ephemeral-storage"); None = none
+    # The create's ``resourceRequests`` (backends with ``capabilities.resource_requests``).
+    cpu_request_cores: float | None = None
+    memory_request_bytes: int | None = None
     pids_limit: int = 4096
     execd_token: str | None = None  # required in X-EXECD-ACCESS-TOKEN when set
     volumes: list[VolumeSpec] = field(default_factory=list)
@@ -105,6 +108,7 @@ class RuntimeCapabilities:
     disk_limit: bool = False  # enforces SandboxSpec.disk_bytes (resourceLimits ephemeral-storage)
     gpu: bool = False
     network_policy: bool = False
+    resource_requests: bool = False  # schedules by SandboxSpec.*_request_* (Kubernetes)
     isolation: str = "runc"  # "runc", "gvisor", "docker", ...: reported at start and in doctor
     platforms: frozenset[str] = frozenset()  # "linux/amd64", ...; empty = any
 
@@ -234,9 +238,11 @@ class Runtime(abc.ABC):
         return None
 
     async def ensure_pool(self, name: str, image: ImageRef, size: int,
-                          snapshot_id: str | None = None) -> None:
+                          snapshot_id: str | None = None,
+                          limits: dict[str, str] | None = None) -> None:
         """Keep ``size`` pre-started sandboxes of ``image`` (or of snapshot ``snapshot_id``)
-        for creates naming pool ``name``.
+        for creates naming pool ``name``; ``limits`` are the pool's ``resourceLimits`` (a
+        backend that cannot change them at claim starts its sandboxes with them).
 
         Only called when ``capabilities.pools``. Resolves (pulls) the image, then returns;
         the pool fills in the background. Calling it again changes the size.

@@ -69,3 +69,6 @@ def with_reason(message: str, info: ContainerInfo) -> str:
     """A Failed sandbox's message, with the runtime's account of why when it has one
     (e.g. a Pod's eviction message)."""
     return f"{message} ({info.reason})" if info.reason else message
+# The reference's Kubernetes answer to pause/resume of a workload kind that cannot pause
+# (a 400, as for its plain-Pod providers).
+K8S_INVALID_STATE = "KUBERNETES::INVALID_STATE"

@@ -72,7 +72,8 @@ class PoolService:
         room = rec.capacity["poolMax"] - self._allocated(rec.name)
         snapshot_id = self.source_snapshot(rec)
         await self.runtime.ensure_pool(rec.name, ImageRef(rec.image),
-                                       max(0, min(rec.size, room)), snapshot_id=snapshot_id)
+                                       max(0, min(rec.size, room)), snapshot_id=snapshot_id,
+                                       limits=rec.resource_limits)
 
     def source_snapshot(self, rec: PoolRecord) -> str | None:
         """The snapshot a pool's sandboxes start on (image ``snapshot:<id>`` or

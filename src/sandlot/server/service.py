@@ -54,6 +54,7 @@ from sandlot.server.models import SandboxRecord, SandboxState, utcnow
 from sandlot.server.observers import Observers
 from sandlot.server.pools import POOL_REF, PoolService
 from sandlot.server.quantity import parse_ephemeral_storage
+from sandlot.server.resource_requests import parse_requests
 from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store import SandboxStore
 from sandlot.server.tenancy import principal as tenancy
@@ -273,6 +274,9 @@ class SandboxService:
         resources = self.bounds.resources(limits)
         limits = {**self.bounds.defaults, **limits}  # what the sandbox gets
         disk = self._disk_bytes(limits)
+        requests = parse_requests(
+            req.resource_requests, supported=self.runtime.capabilities.resource_requests,
+            runtime=self.runtime.name, cpu_limit=resources.cpu, memory_limit=resources.memory)
         volumes = spec_parts.volume_specs(req.volumes)
         await self.runtime.check_volumes(volumes)
         # Checked with no await before the record is added: concurrent creates of one tenant
@@ -316,7 +320,7 @@ class SandboxService:
             await self.store.save(rec)
         parts = {"env": env, "cpu": resources.cpu, "memory": resources.memory,
                  "pids": resources.pids, "disk": disk, "auth": auth,
-                 "volumes": volumes, "snapshot_id": snapshot_id}
+                 "volumes": volumes, "snapshot_id": snapshot_id, "requests": requests}
         task = asyncio.create_task(self._provision(rec, parts))
         self._provisioning[rec.id] = task
         task.add_done_callback(self._provisioned)
@@ -482,6 +486,8 @@ class SandboxService:
                 cpu_cores=parts["cpu"],
                 memory_bytes=parts["memory"],
                 disk_bytes=parts["disk"],
+                cpu_request_cores=parts["requests"].cpu if parts["requests"] else None,
+                memory_request_bytes=parts["requests"].memory if parts["requests"] else None,
                 pids_limit=parts["pids"],
                 execd_token=token,
                 volumes=parts["volumes"],
@@ -634,10 +640,21 @@ class SandboxService:
             log.exception("expiring %s failed; retrying in %.0fs", sandbox_id, EXPIRY_RETRY)
             self.expiry.schedule(sandbox_id, utcnow() + timedelta(seconds=EXPIRY_RETRY))
 
+    def _no_pause(self, what: str) -> InvalidRequest:
+        """A 400 for pause/resume on a backend that cannot pause; on Kubernetes with the
+        reference's code and words for its providers without pause."""
+        if self.runtime.name == "kubernetes":
+            return InvalidRequest(
+                f"{what} is not supported for this sandbox type: the kubernetes runtime "
+                "runs plain Pods, and Kubernetes cannot freeze a Pod's processes and keep "
+                "its memory", code=codes.K8S_INVALID_STATE)
+        return _unsupported(f"{what.lower()[:-1]}ing is not supported by the "
+                            f"{self.runtime.name} runtime")
+
     async def pause(self, sandbox_id: str) -> None:
         rec = self.get(sandbox_id)
         if not self.runtime.capabilities.pause:
-            raise _unsupported(f"pausing is not supported by the {self.runtime.name} runtime")
+            raise self._no_pause("Pause")
         async with self._lock(sandbox_id):
             if rec.state != SandboxState.RUNNING:
                 raise Conflict(
@@ -666,6 +683,8 @@ class SandboxService:
 
     async def resume(self, sandbox_id: str) -> None:
         rec = self.get(sandbox_id)
+        if not self.runtime.capabilities.pause:
+            raise self._no_pause("Resume")
         async with self._lock(sandbox_id):
             if rec.state != SandboxState.PAUSED:
                 raise Conflict(

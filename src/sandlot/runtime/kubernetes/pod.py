@@ -79,6 +79,9 @@ class PodPlan:
     owner: str
     execd_port: int
     runtime_class: str | None = None
+    warm_pool_images: tuple[str, ...] = ()  # [runtime] warm_pool_images
+    default_limits: tuple[tuple[str, str], ...] = ()  # [runtime] default_resources
+    default_disk: str | None = None  # [runtime] default_ephemeral_storage
 
     def labels(self, spec: SandboxSpec, warm: bool = False) -> dict[str, str]:
         labels = {LABEL_MANAGED: MANAGED_BY, LABEL_OWNER: self.owner,
@@ -108,8 +111,8 @@ class PodPlan:
         return env
 
     def resources(self, spec: SandboxSpec) -> dict[str, dict[str, str]]:
-        """Limits from the request; requests are ``request_fraction`` of them (1: as upstream,
-        Guaranteed QoS)."""
+        """Limits from the request's ``resourceLimits``; requests from its ``resourceRequests``,
+        else ``request_fraction`` of the limits (1: as upstream, Guaranteed QoS)."""
         limits: dict[str, str] = {}
         requests: dict[str, str] = {}
         fraction = self.cfg.request_fraction
@@ -122,9 +125,14 @@ class PodPlan:
         if spec.disk_bytes is not None:
             limits["ephemeral-storage"] = str(spec.disk_bytes)
             requests["ephemeral-storage"] = str(spec.disk_bytes)
+        if spec.cpu_request_cores is not None:
+            requests["cpu"] = cpu_quantity(spec.cpu_request_cores)
+        if spec.memory_request_bytes is not None:
+            requests["memory"] = str(spec.memory_request_bytes)
         out: dict[str, dict[str, str]] = {}
         if limits:
             out["limits"] = limits
+        if requests:
             out["requests"] = requests
         return out
 

@@ -31,8 +31,11 @@ class PortForwarder:
         self._bridges: set[asyncio.Task[None]] = set()
 
     async def connect(self, pod: str, port: int) -> socket.socket:
-        ws: Any = await self.core.connect_get_namespaced_pod_portforward(
+        opening: Any = await self.core.connect_get_namespaced_pod_portforward(
             pod, self.namespace, ports=port, _preload_content=False)
+        # Without preloading, the client hands back aiohttp's ws_connect request; awaiting
+        # it opens the WebSocket.
+        ws: Any = await opening
         try:
             await _expect_port_frames(ws)
         except BaseException:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -36,31 +37,42 @@ from sandlot.errors import (
     RuntimeFailure,
     Unsupported,
 )
+from sandlot.runtime import execd_client
 from sandlot.runtime.base import (
     ContainerInfo,
     ContainerState,
     CreateResult,
+    ImageRef,
     Progress,
     Runtime,
     RuntimeCapabilities,
     SandboxSpec,
     StateListener,
     VolumeSpec,
+    WarmPoolStats,
 )
 from sandlot.runtime.execd_bundle import ensure_bundle
 from sandlot.runtime.kubernetes import bundle_image, podstatus
 from sandlot.runtime.kubernetes.pod import (
+    ANNOTATION_EXTENSIONS,
+    ANNOTATION_METADATA,
+    ANNOTATION_SANDBOX,
     LABEL_OWNER,
     LABEL_SANDBOX,
     LABEL_WARM,
+    NAME_PREFIX,
     PodPlan,
     check_id,
     pod_name,
 )
 from sandlot.runtime.kubernetes.portforward import PortForwarder
+from sandlot.runtime.kubernetes.warm import WarmKeeper, WarmPod, warm_labels_patch
 from sandlot.runtime.kubernetes.watcher import PodWatch
+from sandlot.server.quantity import parse_cpu, parse_ephemeral_storage, parse_memory
 
 log = logging.getLogger(__name__)
+# Keeper keys of the server's warm pool: one per image ("" + image; pool names have no ":").
+SERVER_POOL = ":"
 
 
 
@@ -106,6 +118,7 @@ class KubernetesRuntime(Runtime):
         self.namespace = plan.cfg.namespace
         self.capabilities = RuntimeCapabilities(
             pause=False, volume_kinds=frozenset({"host", "pvc"}), disk_limit=True,
+            resource_requests=True, pools=True,
             isolation=f"kubernetes/{plan.runtime_class or 'default RuntimeClass'}",
         )
         self.pods = PodWatch(self.core, self.namespace, f"{LABEL_OWNER}={plan.owner}")
@@ -118,6 +131,11 @@ class KubernetesRuntime(Runtime):
         self._reported: set[str] = set()
         self._listener: StateListener | None = None
         self._reports: set[asyncio.Task[None]] = set()
+        # sandbox id -> Pod name where they differ (a claimed warm Pod), from the Pods' labels
+        self._claimed: dict[str, str] = {}
+        # warm Pods by pool (SERVER_POOL + image: the server's warm pool, else a /v1/pools
+        # pool's name)
+        self.keepers: dict[str, WarmKeeper] = {}
 
     @classmethod
     async def open(cls, cfg: Config) -> KubernetesRuntime:
@@ -137,9 +155,17 @@ class KubernetesRuntime(Runtime):
             plan = PodPlan(cfg=kcfg, bundle=bundle,
                            bundle_image=kcfg.execd_bundle_image or bundle_image.image_name(bundle),
                            owner=kcfg.owner or datadir.owner_id(cfg.data_dir, "kubernetes-owner"),
-                           execd_port=cfg.execd.port, runtime_class=runtime_class)
+                           execd_port=cfg.execd.port, runtime_class=runtime_class,
+                           warm_pool_images=tuple(cfg.runtime.warm_pool_images),
+                           default_limits=tuple(sorted(cfg.runtime.default_resources.items())),
+                           default_disk=cfg.runtime.default_ephemeral_storage)
             rt = cls(api, plan)
             await rt.pods.start()
+            for pod in list(rt.pods.pods.values()):
+                rt._note(pod)
+            await rt._sweep_warm()  # a dead server's warm Pods: their pool tokens are lost
+            for image in rt.plan.warm_pool_images:  # the server's warm pool
+                await rt.prewarm(ImageRef(image))
         except BaseException:
             await api.close()
             raise
@@ -171,8 +197,11 @@ class KubernetesRuntime(Runtime):
             raise Unsupported("the kubernetes runtime has no snapshots")
         name = pod_name(spec.sandbox_id)
         async with self._locks[spec.sandbox_id]:
-            if name in self.pods.pods:
+            if name in self.pods.pods or spec.sandbox_id in self._claimed:
                 raise Conflict(f"sandbox {spec.sandbox_id} already exists")
+            warm = self._take_warm(spec)
+            if warm is not None and await self._claim(spec, warm):
+                return CreateResult(execd_ready=True)  # its execd just answered the claim
             if progress is not None:
                 await progress("Starting", f"creating Pod {name} in namespace {self.namespace}")
             try:
@@ -186,7 +215,7 @@ class KubernetesRuntime(Runtime):
                 raise
         return CreateResult(execd_ready=False)
 
-    async def _start(self, spec: SandboxSpec) -> None:
+    async def _start(self, spec: SandboxSpec, pooled: bool = False) -> None:
         secrets = []
         if spec.execd_token:
             secrets.append(self.plan.token_secret(spec))
@@ -195,7 +224,8 @@ class KubernetesRuntime(Runtime):
         for secret in secrets:
             body: Any = secret  # the client sends plain manifests as they are
             await self.core.create_namespaced_secret(self.namespace, body)
-        manifest: Any = self.plan.pod(spec, pull_secret=spec.image.auth is not None)
+        manifest: Any = self.plan.pod(spec, pull_secret=spec.image.auth is not None,
+                                      pooled=pooled)
         created = await self.core.create_namespaced_pod(self.namespace, manifest)
         owned = asyncio.gather(*(self._own(s["metadata"]["name"], created) for s in secrets))
         try:
@@ -241,24 +271,11 @@ class KubernetesRuntime(Runtime):
         A delete does not wait: the kubelet stops the Pod within its grace period, and a
         terminating Pod is no longer one of the runtime's sandboxes (``list_ids``).
         """
-        name = pod_name(sandbox_id)
+        name = self._name(sandbox_id)
         self._deleting.add(sandbox_id)
         self._ips.pop(sandbox_id, None)
         try:
-            try:
-                await self.core.delete_namespaced_pod(
-                    name, self.namespace,
-                    grace_period_seconds=self.cfg.termination_grace_period_seconds)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise RuntimeFailure(f"cannot delete Pod {name}: {explain(exc)}") from exc
-            try:
-                await self.core.delete_collection_namespaced_secret(
-                    self.namespace,
-                    label_selector=f"{LABEL_OWNER}={self.plan.owner},{LABEL_SANDBOX}={sandbox_id}")
-            except ApiException as exc:
-                raise RuntimeFailure(f"cannot delete the Secrets of {name}: {explain(exc)}") \
-                    from exc
+            await self._delete_pod(name, sandbox_id)
             if wait:
                 try:
                     await self.pods.wait_for(
@@ -269,12 +286,33 @@ class KubernetesRuntime(Runtime):
         finally:
             self._deleting.discard(sandbox_id)
             self._reported.discard(sandbox_id)
+            self._claimed.pop(sandbox_id, None)
+
+    async def _delete_pod(self, name: str, sandbox_id: str | None = None) -> None:
+        """Delete Pod ``name`` and the Secrets made with it (its own id's, and
+        ``sandbox_id``'s when it was a claimed warm Pod)."""
+        try:
+            await self.core.delete_namespaced_pod(
+                name, self.namespace,
+                grace_period_seconds=self.cfg.termination_grace_period_seconds)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise RuntimeFailure(f"cannot delete Pod {name}: {explain(exc)}") from exc
+        ids = {name.removeprefix(NAME_PREFIX), *([sandbox_id] if sandbox_id else [])}
+        for owner_id in sorted(ids):
+            try:
+                await self.core.delete_collection_namespaced_secret(
+                    self.namespace,
+                    label_selector=f"{LABEL_OWNER}={self.plan.owner},{LABEL_SANDBOX}={owner_id}")
+            except ApiException as exc:
+                raise RuntimeFailure(f"cannot delete the Secrets of {name}: {explain(exc)}") \
+                    from exc
 
     # -- state --------------------------------------------------------------------------
 
     async def _read(self, sandbox_id: str) -> Any | None:
         try:
-            return await self.core.read_namespaced_pod(pod_name(sandbox_id), self.namespace)
+            return await self.core.read_namespaced_pod(self._name(sandbox_id), self.namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -283,7 +321,9 @@ class KubernetesRuntime(Runtime):
     async def inspect(self, sandbox_id: str) -> ContainerInfo:
         check_id(sandbox_id)
         pod = await self._read(sandbox_id)
-        if pod is None or (pod.metadata.labels or {}).get(LABEL_OWNER) != self.plan.owner:
+        labels = {} if pod is None else pod.metadata.labels or {}
+        if (labels.get(LABEL_OWNER) != self.plan.owner
+                or labels.get(LABEL_SANDBOX) != sandbox_id or LABEL_WARM in labels):
             return ContainerInfo(sandbox_id, ContainerState.MISSING,
                                  reason=f"the Pod is gone from namespace {self.namespace}")
         return podstatus.info(sandbox_id, pod)
@@ -312,8 +352,19 @@ class KubernetesRuntime(Runtime):
             raise InvalidRequest(f"port {port} is out of range (1-65535)")
         if self._forwarder is not None:
             await self._require_running(sandbox_id)
-            return await self._forwarder.connect(pod_name(sandbox_id), port)
+            return await self._forwarder.connect(self._name(sandbox_id), port)
         ip = self._ips.get(sandbox_id) or await self._pod_ip(sandbox_id)
+        return await self._connect_ip(ip, port)
+
+    async def _connect_pod(self, name: str, ip: str | None, port: int) -> socket.socket:
+        """A connection to a Pod by name (a warm Pod has no sandbox id yet)."""
+        if self._forwarder is not None:
+            return await self._forwarder.connect(name, port)
+        if not ip:
+            raise ConnectionRefusedError(f"Pod {name} has no address")
+        return await self._connect_ip(ip, port)
+
+    async def _connect_ip(self, ip: str, port: int) -> socket.socket:
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET,
                              socket.SOCK_STREAM)
@@ -326,7 +377,7 @@ class KubernetesRuntime(Runtime):
         return sock
 
     async def _require_running(self, sandbox_id: str) -> Any:
-        pod = self.pods.pods.get(pod_name(sandbox_id)) or await self._read(sandbox_id)
+        pod = self.pods.pods.get(self._name(sandbox_id)) or await self._read(sandbox_id)
         if pod is None:
             raise NotFound(f"sandbox {sandbox_id} not found")
         if (pod.status.phase or "") != "Running" or not pod.status.pod_ip:
@@ -339,14 +390,168 @@ class KubernetesRuntime(Runtime):
         self._ips[sandbox_id] = ip
         return ip
 
+    # -- warm Pods (warm.py) ---------------------------------------------------------------
+
+    def _template(self, image: ImageRef, limits: dict[str, str]) -> SandboxSpec:
+        """A warm Pod's spec: the shape a create of the pool gets (the server's defaults
+        under the pool's limits); the keeper gives each its id and pool token."""
+        merged = {**dict(self.plan.default_limits), **limits}
+        disk = merged.get("ephemeral-storage") or self.plan.default_disk
+        return SandboxSpec(
+            sandbox_id="warm-template", image=image, entrypoint=[],
+            cpu_cores=parse_cpu(merged["cpu"]) if "cpu" in merged else None,
+            memory_bytes=parse_memory(merged["memory"]) if "memory" in merged else None,
+            disk_bytes=parse_ephemeral_storage(disk) if disk else None)
+
+    def _same_resources(self, a: SandboxSpec, b: SandboxSpec) -> bool:
+        return self.plan.resources(a) == self.plan.resources(b)
+
+    def _take_warm(self, spec: SandboxSpec) -> WarmPod | None:
+        """A ready warm Pod for ``spec``: of the pool it names, else of the server's."""
+        for pool in (spec.extensions.get("poolRef"), SERVER_POOL + spec.image.reference):
+            keeper = self.keepers.get(pool) if pool else None
+            if keeper is not None and keeper.fits(spec, self._same_resources):
+                warm = keeper.take()
+                if warm is not None:
+                    return warm
+        return None
+
+    async def _claim(self, spec: SandboxSpec, warm: WarmPod) -> bool:
+        """Make ``warm`` the sandbox's Pod; False (and the Pod deleted) if that fails."""
+        annotations = {ANNOTATION_SANDBOX: spec.sandbox_id}
+        if spec.metadata:
+            annotations[ANNOTATION_METADATA] = json.dumps(spec.metadata, sort_keys=True)
+        if spec.extensions:
+            annotations[ANNOTATION_EXTENSIONS] = json.dumps(spec.extensions, sort_keys=True)
+        self._claimed[spec.sandbox_id] = warm.name
+        try:
+            await self.core.patch_namespaced_pod(
+                warm.name, self.namespace, warm_labels_patch(spec.sandbox_id, annotations))
+            await execd_client.claim(
+                lambda: self._connect_pod(warm.name, warm.ip, self.plan.execd_port),
+                warm.token, env=dict(spec.env), token=spec.execd_token,
+                entrypoint=list(spec.entrypoint))
+        except Exception as exc:  # noqa: BLE001 - a cold start follows
+            log.warning("claiming warm Pod %s for %s failed: %s", warm.name, spec.sandbox_id,
+                        exc)
+            self._claimed.pop(spec.sandbox_id, None)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._delete_pod(warm.name, spec.sandbox_id))
+            return False
+        if warm.ip:
+            self._ips[spec.sandbox_id] = warm.ip
+        return True
+
+    async def _make_warm(self, template: SandboxSpec) -> WarmPod:
+        name = pod_name(template.sandbox_id)
+        assert template.execd_token is not None
+        try:
+            await self._start(template, pooled=True)
+            ip = self._ips.pop(template.sandbox_id, None)
+            await execd_client.wait_ready(
+                lambda: self._connect_pod(name, ip, self.plan.execd_port),
+                template.execd_token, self.cfg.sandbox_create_timeout_seconds)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._delete_pod(name))
+            raise
+        return WarmPod(name, template.execd_token, ip)
+
+    async def _sweep_warm(self) -> None:
+        """Delete every unclaimed warm Pod of this sandlot (and their Secrets)."""
+        for pod in list(self.pods.pods.values()):
+            if LABEL_WARM in (pod.metadata.labels or {}) and not any(
+                    pod.metadata.name == w.name for k in self.keepers.values() for w in k.ready):
+                with contextlib.suppress(Exception):
+                    await self._delete_pod(pod.metadata.name)
+
+    def _keep(self, pool: str, template: SandboxSpec, size: int) -> None:
+        keeper = self.keepers.get(pool)
+        if keeper is None or keeper.template != template:
+            if keeper is not None:
+                self._retire(pool)
+            keeper = WarmKeeper(pool, template, size, self._make_warm, self._delete_pod)
+            self.keepers[pool] = keeper
+            keeper.fill()
+        else:
+            keeper.resize(size)
+
+    def _retire(self, pool: str) -> None:
+        keeper = self.keepers.pop(pool, None)
+        if keeper is None:
+            return
+
+        async def stop() -> None:
+            for name in await keeper.stop():
+                with contextlib.suppress(Exception):
+                    await self._delete_pod(name)
+
+        task = asyncio.get_running_loop().create_task(stop())
+        self._reports.add(task)
+        task.add_done_callback(self._report_done)
+
+    async def prewarm(self, image: ImageRef) -> None:
+        """The server's warm pool: ``[kubernetes] warm_pool_size`` Pods of each of
+        ``[runtime] warm_pool_images``, in the default shape."""
+        if self.cfg.warm_pool_size > 0 and image.reference in self.plan.warm_pool_images:
+            self._keep(SERVER_POOL + image.reference,
+                       self._template(ImageRef(image.reference), {}), self.cfg.warm_pool_size)
+
+    async def ensure_pool(self, name: str, image: ImageRef, size: int,
+                          snapshot_id: str | None = None,
+                          limits: dict[str, str] | None = None) -> None:
+        if snapshot_id is not None:
+            raise Unsupported("the kubernetes runtime has no snapshots: a pool of it starts "
+                              "from an image")
+        if not name:
+            raise InvalidRequest("a pool needs a name")
+        self._keep(name, self._template(ImageRef(image.reference), dict(limits or {})), size)
+
+    async def remove_pool(self, name: str) -> None:
+        keeper = self.keepers.pop(name, None)
+        if keeper is not None:
+            for pod in await keeper.stop():
+                with contextlib.suppress(Exception):
+                    await self._delete_pod(pod)
+
+    def pool_ready(self, name: str) -> int:
+        keeper = self.keepers.get(name)
+        return len(keeper.ready) if keeper is not None else 0
+
+    def warm_pools(self) -> dict[str, WarmPoolStats]:
+        """By pool name; the server's warm pool (one keeper per image) as ""."""
+        named = {p: k.stats() for p, k in self.keepers.items() if not p.startswith(SERVER_POOL)}
+        server = [k.stats() for p, k in self.keepers.items() if p.startswith(SERVER_POOL)]
+        if server:
+            named[""] = WarmPoolStats(ready=sum(s.ready for s in server),
+                                      claims=sum(s.claims for s in server),
+                                      misses=sum(s.misses for s in server))
+        return named
+
     # -- Pods changing behind the server's back -----------------------------------------
 
     def watch(self, changed: StateListener) -> None:
         self._listener = changed
 
-    def _pod_changed(self, kind: str, pod: Any) -> None:
+    def _note(self, pod: Any) -> None:
+        """Remember which sandbox a claimed warm Pod serves (its labels say)."""
         labels = pod.metadata.labels or {}
         sandbox_id = labels.get(LABEL_SANDBOX)
+        if sandbox_id and LABEL_WARM not in labels and pod.metadata.name != pod_name(sandbox_id):
+            self._claimed[sandbox_id] = pod.metadata.name
+
+    def _name(self, sandbox_id: str) -> str:
+        return self._claimed.get(sandbox_id) or pod_name(sandbox_id)
+
+    def _pod_changed(self, kind: str, pod: Any) -> None:
+        if kind != "DELETED":
+            self._note(pod)
+        labels = pod.metadata.labels or {}
+        sandbox_id = labels.get(LABEL_SANDBOX)
+        if LABEL_WARM in labels and (kind == "DELETED" or podstatus.info(
+                sandbox_id or "", pod).state in (ContainerState.STOPPED, ContainerState.MISSING)):
+            for keeper in self.keepers.values():  # a ready warm Pod gone behind our back
+                keeper.forget(pod.metadata.name)
         if (sandbox_id is None or LABEL_WARM in labels or self._listener is None
                 or sandbox_id in self._deleting or sandbox_id in self._reported
                 or sandbox_id in self._locks and self._locks[sandbox_id].locked()):
@@ -375,6 +580,12 @@ class KubernetesRuntime(Runtime):
             log.warning("reporting a Pod change failed", exc_info=task.exception())
 
     async def close(self) -> None:
+        """Stop the watch; warm Pods are deleted (their pool tokens die with the server)."""
+        for keeper in list(self.keepers.values()):
+            await keeper.stop()
+        self.keepers.clear()
+        with contextlib.suppress(Exception):
+            await self._sweep_warm()
         await self.pods.close()
         for task in list(self._reports):
             task.cancel()
@@ -402,6 +613,3 @@ async def _runtime_class(api: client.ApiClient, cfg: Config) -> str | None:
             + ("the cluster has no such RuntimeClass" if exc.status == 404 else explain(exc))
         ) from exc
     return name
-
-
-

@@ -527,7 +527,9 @@ class OciRuntime(Runtime):
         return warm if warm is not None else self.pool.take(image)
 
     async def ensure_pool(self, name: str, image: ImageRef, size: int,
-                          snapshot_id: str | None = None) -> None:
+                          snapshot_id: str | None = None,
+                          limits: dict[str, str] | None = None) -> None:
+        # ``limits`` are applied at claim (claimops), like any create's.
         if snapshot_id is not None:
             local = await asyncio.to_thread(self.snapshots.image, snapshot_id)
         else:
