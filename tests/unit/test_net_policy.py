@@ -139,8 +139,8 @@ def test_policies_are_bounded() -> None:
     from sandlot.net.policy import MAX_RULES
 
     rules = [{"action": "allow", "target": f"h{i}.test"} for i in range(MAX_RULES + 1)]
-    with pytest.raises(PolicyError, match="at most"):
+    with pytest.raises(PolicyError, match="exceeds limit"):
         parse_policy({"egress": rules})
     full = parse_policy({"egress": rules[:MAX_RULES]})
-    with pytest.raises(PolicyError, match="at most"):
+    with pytest.raises(PolicyError, match="exceeds limit"):
         full.patched(parse_rules([{"action": "deny", "target": "one-more.test"}]))
