@@ -81,12 +81,16 @@ async def run(env: BenchEnv) -> list[Row]:
     run_id = f"net-{int(time.time())}"
     rows: list[Row] = []
     with test_network(env.workdir / "netlab") as lab, thread_in_netns(lab.server_ns):
-        isolated = (f'[network]\nmode = "isolated"\ndns_servers = ["{HOST}"]\n'
-                    '[egress]\nmode = "dns+nft"\n')
+        def isolated_toml(subnet: str) -> str:
+            return (f'[network]\nmode = "isolated"\ndns_servers = ["{HOST}"]\n'
+                    f'subnet = "{subnet}"\n[egress]\nmode = "dns+nft"\n')
+
+        isolated = isolated_toml("100.88.0.0/16")
         on = SandlotServer(image_cache=env.image_cache, warm_pool_size=2, network_toml=isolated)
         off = SandlotServer(image_cache=env.image_cache, warm_pool_size=2)
+        # Two isolated servers in one namespace: each needs a subnet of its own.
         cold_on = SandlotServer(image_cache=env.image_cache, warm_pool_size=0,
-                                network_toml=isolated)
+                                network_toml=isolated_toml("100.89.0.0/16"))
         cold_off = SandlotServer(image_cache=env.image_cache, warm_pool_size=0)
         servers = (on, off, cold_on, cold_off)
         son, soff = Sandboxes(on, run_id), Sandboxes(off, run_id)
