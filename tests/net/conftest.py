@@ -25,9 +25,12 @@ class NetServer(SandlotServer):
 
 
 @contextlib.contextmanager
-def serve_in_test_network(image_root: Path, backend: str = "oci", extra_toml: str = "",
+def serve_in_test_network(image_root: Path, backend: str = "oci", network_toml: str | None = None,
                           warm_pool: bool = True) -> Iterator[NetServer]:
-    """A started ``sandlot serve`` (mode isolated) in fresh test namespaces; all removed after."""
+    """A started ``sandlot serve`` in fresh test namespaces; all removed after.
+
+    ``network_toml`` replaces the default ``[network]``/``[egress]`` sections (mode isolated,
+    the test hosts' DNS, the mirror in ``allow_cidrs``)."""
     if shutil.which("nsenter") is None:
         pytest.skip("nsenter (util-linux) is required")
     work = Path(tempfile.mkdtemp(prefix="sltn-", dir="/tmp"))
@@ -38,13 +41,11 @@ def serve_in_test_network(image_root: Path, backend: str = "oci", extra_toml: st
             pool = (f'warm_pool_size = 1\nwarm_pool_images = ["{COMPAT_IMAGE}"]\n'
                     if warm_pool else "warm_pool_size = 0\n")
             with open(server.config, "a") as fh:
-                fh.write(
-                    f"[runtime]\n{pool}"
+                fh.write(f"[runtime]\n{pool}" + (network_toml if network_toml is not None else (
                     '[network]\nmode = "isolated"\n'
                     f'dns_servers = ["{HOST}"]\n'
                     f'allow_cidrs = ["{MIRROR}/32"]\n'
-                    '[egress]\nmode = "dns+nft"\n' + extra_toml
-                )
+                    '[egress]\nmode = "dns+nft"\n')))
             server.start()
             try:
                 yield server

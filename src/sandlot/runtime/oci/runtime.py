@@ -715,8 +715,11 @@ class OciRuntime(Runtime):
             raise InvalidRequest(f"port {port} is out of range (1-65535)")
         name = netns_name(container_id)
         if self.host_network:  # the server's own namespace
-            if not SandboxPaths.of(self.data_dir, container_id).root.is_dir():
+            root = SandboxPaths.of(self.data_dir, container_id).root
+            if not root.is_dir():
                 raise NotFound(f"sandbox {container_id} not found")
+            if port == self.execd_port:  # execd's port, as clients know it: its own one
+                port = hostmode.execd_port(root) or port
             return await _connect_loopback(port)
         if self.gvisor:  # sockets live in gVisor's netstack, reached over the access veth
             ns, host = netns.netns_path(runsc.access_netns_name(name)), runsc.GVISOR_ADDR
@@ -727,10 +730,7 @@ class OciRuntime(Runtime):
         return await self._connector.connect(ns, port, host)
 
     def _execd_connect(self, container_id: str) -> execd_client.Connect:
-        port = self.execd_port
-        if self.host_network:
-            port = hostmode.execd_port(SandboxPaths.of(self.data_dir, container_id).root) or port
-        return lambda: self._connect_container(container_id, port)
+        return lambda: self._connect_container(container_id, self.execd_port)
 
     async def usage(self, sandbox_id: str) -> ResourceUsage | None:
         _check_id(sandbox_id)
