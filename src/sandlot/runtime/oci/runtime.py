@@ -196,13 +196,14 @@ class OciRuntime(Runtime):
         self.binary = OciBinary(binary, flavor_of(binary))
         self.gvisor = self.binary.is_gvisor
         # A policy is enforced in mode "isolated" and trivially met in "none" (nothing
-        # leaves the sandbox).
+        # leaves the sandbox); in "host" nothing can be enforced: a create carrying one is
+        # refused (400, as the reference's Docker host network does).
         self.capabilities = RuntimeCapabilities(
             # Hibernation needs gVisor and, for now, no outbound network: a restored netstack
             # would come back without the sandbox's veth address (not re-applied yet).
             pause=True, snapshots=True, pools=True, hibernate=self.gvisor and network is None,
             isolation=self.binary.isolation,
-            platforms=frozenset({HOST_PLATFORM}), network_policy=True,
+            platforms=frozenset({HOST_PLATFORM}), network_policy=not host_network,
             volume_kinds=frozenset({"host", "pvc"}), disk_limit=True,
         )
         self.allowed_host_paths = list(allowed_host_paths or [])
