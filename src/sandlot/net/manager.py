@@ -127,7 +127,7 @@ class NetworkManager:
                 # place (a no-op change when it is there already).
                 await asyncio.to_thread(firewall.try_run, "delete table inet "
                                         + firewall.legacy_table_name(cid))
-                await asyncio.to_thread(firewall.run, self._rules(addr).install(pol))
+                await asyncio.to_thread(self._install, addr, pol)
                 self._applied[cid] = pol
                 try:
                     await self._start_filter(addr, pol)
@@ -148,6 +148,15 @@ class NetworkManager:
     def _rules(self, addr: SandboxAddress) -> firewall.SandboxRules:
         return firewall.SandboxRules(addr, self.subnet, self.allow_cidrs, self.enforce_ips)
 
+    def _install(self, addr: SandboxAddress, pol: EgressPolicy) -> None:
+        """Install a sandbox's chain (blocking). The shared table is made again if it is
+        gone: another server in this namespace deletes it when its own last sandbox goes
+        and it finds no chain left."""
+        script = self._rules(addr).install(pol)
+        if not firewall.try_run(script):
+            firewall.ensure_table()
+            firewall.run(script)
+
     def address(self, cid: str) -> SandboxAddress | None:
         return self.leases.get(cid)
 
@@ -163,7 +172,7 @@ class NetworkManager:
             addr = self.leases.acquire(cid)
             try:
                 await asyncio.to_thread(links.create_veth, addr, ns)
-                await asyncio.to_thread(firewall.run, self._rules(addr).install(pol))
+                await asyncio.to_thread(self._install, addr, pol)
                 self._applied[cid] = pol
                 self._save_policy(cid, pol)
                 await self._start_filter(addr, pol)
