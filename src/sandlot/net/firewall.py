@@ -40,6 +40,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.nftables.main import NFTables, NFTSet, NFTSetElem
 
 from sandlot.errors import RuntimeFailure
+from sandlot.net import links
 from sandlot.net.addressing import IFNAME_PREFIX, SandboxAddress
 from sandlot.net.policy import ALLOW, DENY, EgressPolicy
 
@@ -306,12 +307,12 @@ def legacy_tables() -> list[str]:
     return [LEGACY_PREFIX + s for s in _named("list tables inet", "table", LEGACY_PREFIX, None)]
 
 
-def sweep(present_links: set[str]) -> list[str]:
+def sweep() -> list[str]:
     """Remove sandbox chains, sets, map entries and legacy tables whose veth is gone.
 
     Safe beside other servers sharing the table: a sandbox's veth is made before its nft
-    objects and removed before them, so objects without a veth belong to nobody. Returns
-    the suffixes removed.
+    objects and removed before them, and the links are read after the objects, so an
+    object whose veth is missing then belongs to nobody. Returns the suffixes removed.
     """
     suffixes = set(sandbox_chains())
     suffixes |= set(_named("list sets inet", "set", DNS_SET_PREFIX))
@@ -322,7 +323,8 @@ def sweep(present_links: set[str]) -> list[str]:
         for elem in found.get("elem") or []:
             if isinstance(elem, list) and elem and isinstance(elem[0], str):
                 suffixes.add(elem[0][len(IFNAME_PREFIX):])
-    gone = sorted(s for s in suffixes if IFNAME_PREFIX + s not in present_links)
+    present = set(links.host_links(IFNAME_PREFIX))  # after the objects: see above
+    gone = sorted(s for s in suffixes if IFNAME_PREFIX + s not in present)
     for s in gone:
         _remove_by_suffix(s)
     return gone

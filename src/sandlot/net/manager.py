@@ -135,7 +135,7 @@ class NetworkManager:
                     log.exception("network: cannot re-open the DNS filter of %s", cid)
             else:
                 await self.teardown(cid)
-        stale = await asyncio.to_thread(firewall.sweep, present)
+        stale = await asyncio.to_thread(firewall.sweep)
         if stale:
             log.warning("network: removed the nft chains and map entries of %d sandbox(es) "
                         "whose veth no longer exists", len(stale))
