@@ -175,7 +175,7 @@ def ensure_table() -> None:
 
 
 def table_exists() -> bool:
-    return try_run(f"list table inet {TABLE}")
+    return try_run(f"list chain inet {TABLE} forward")  # not the whole table: it is large
 
 
 def remove_table_if_unused() -> bool:
