@@ -106,7 +106,7 @@ async def run(env: BenchEnv) -> list[Row]:
             for server in servers:
                 server.start()
             rows += await _creates(son, soff, n_create)
-            rows += await _cold_creates(scold_on, scold_off, n_create)
+            rows += await _cold_creates(scold_on, scold_off, 2 if quick else n_create)
             rows += await _traffic(son, n_dns, n_patch, n_tp, lab.server_ns)
             rows.append(await _fanout(son, n_fan))
         finally:
