@@ -72,7 +72,7 @@ with concurrent.futures.ThreadPoolExecutor(20) as pool:
 
 async def _sh(sandbox: Sandbox, cmd: str) -> str:
     ex = await sandbox.commands.run(cmd)
-    return "".join(m.text for m in ex.logs.stdout)
+    return "\n".join(m.text for m in ex.logs.stdout)  # one message per line (execd framing)
 
 
 def _curl_mbps(prefix: list[str]) -> float | None:
