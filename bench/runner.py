@@ -30,7 +30,9 @@ from bench.server import (
 
 # Benchmarks that need longer than one bench's bound: density's many sandboxes, kubernetes'
 # image loading into the node and its two servers (cold, then warm Pods).
-_SLOW = {"density": 2.5, "kubernetes": 6.0}
+# Benchmarks that need more than one benchmark's share of the time: density, network (four
+# servers of its own) and kubernetes (Pods on a cluster).
+_SLOW = {"density": 2.5, "network": 2.0, "kubernetes": 6.0}
 
 
 @dataclass

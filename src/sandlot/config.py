@@ -161,7 +161,8 @@ class ExecdConfig(_Section):
 
 class NetworkConfig(_Section):
     # isolated: own namespace, outbound per policy through a veth + NAT (default);
-    # none: loopback only; host: refused at start (see docs/network.md).
+    # none: loopback only; host: the server's namespace, unfenced, only with
+    # allow_host_mode = true and a warning at every start (see docs/network.md).
     # The default may come from SANDLOT_NETWORK_MODE (test suites running servers in the
     # machine's own namespace set "none"); a value in the file wins.
     mode: Literal["isolated", "none", "host"] = Field(
@@ -173,6 +174,8 @@ class NetworkConfig(_Section):
     dns_servers: list[str] = Field(default_factory=list)
     # Destinations exempt from the default deny of private/host ranges (a proxy, a mirror).
     allow_cidrs: list[str] = Field(default_factory=list)
+    # The explicit opt-in mode "host" needs (sandlot.net.hostmode).
+    allow_host_mode: bool = False
 
 
 class EgressConfig(_Section):
@@ -429,7 +432,7 @@ allowed_host_paths = []
 insecure_registries = []
 
 [network]
-mode = "isolated"     # isolated (outbound per policy) | none (loopback only)
+mode = "isolated"     # isolated (outbound per policy) | none (loopback only) | host (see docs)
 subnet = "100.88.0.0/16"
 # dns_servers = ["192.0.2.53"]   # default: the host's resolvers
 # allow_cidrs = ["10.1.2.3/32"]  # e.g. a corporate proxy, exempt from the private-range deny

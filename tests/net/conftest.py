@@ -8,6 +8,7 @@ namespace.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -23,24 +24,28 @@ class NetServer(SandlotServer):
     net: TestNet
 
 
-@pytest.fixture(scope="module")
-def net_server(compat_image_root: Path) -> Iterator[NetServer]:  # noqa: F811
+@contextlib.contextmanager
+def serve_in_test_network(image_root: Path, backend: str = "oci", network_toml: str | None = None,
+                          warm_pool: bool = True) -> Iterator[NetServer]:
+    """A started ``sandlot serve`` in fresh test namespaces; all removed after.
+
+    ``network_toml`` replaces the default ``[network]``/``[egress]`` sections (mode isolated,
+    the test hosts' DNS, the mirror in ``allow_cidrs``)."""
     if shutil.which("nsenter") is None:
         pytest.skip("nsenter (util-linux) is required")
     work = Path(tempfile.mkdtemp(prefix="sltn-", dir="/tmp"))
     try:
         with test_network(work) as net, thread_in_netns(net.server_ns):
-            server = NetServer(compat_image_root)
+            server = NetServer(image_root, backend=backend)
             server.net = net
+            pool = (f'warm_pool_size = 1\nwarm_pool_images = ["{COMPAT_IMAGE}"]\n'
+                    if warm_pool else "warm_pool_size = 0\n")
             with open(server.config, "a") as fh:
-                fh.write(
-                    "[runtime]\nwarm_pool_size = 1\n"
-                    f'warm_pool_images = ["{COMPAT_IMAGE}"]\n'
+                fh.write(f"[runtime]\n{pool}" + (network_toml if network_toml is not None else (
                     '[network]\nmode = "isolated"\n'
                     f'dns_servers = ["{HOST}"]\n'
                     f'allow_cidrs = ["{MIRROR}/32"]\n'
-                    '[egress]\nmode = "dns+nft"\n'
-                )
+                    '[egress]\nmode = "dns+nft"\n')))
             server.start()
             try:
                 yield server
@@ -48,3 +53,9 @@ def net_server(compat_image_root: Path) -> Iterator[NetServer]:  # noqa: F811
                 server.destroy()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def net_server(compat_image_root: Path) -> Iterator[NetServer]:  # noqa: F811
+    with serve_in_test_network(compat_image_root) as server:
+        yield server

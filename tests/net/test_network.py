@@ -388,7 +388,7 @@ async def test_websocket_server_in_sandbox_through_both_endpoints(net_server: Ne
 
 
 def test_nothing_left_behind(net_server: NetServer) -> None:
-    """Last: every sandbox deleted, the pool drained: no veth, table, lease, namespace."""
+    """Last: every sandbox deleted, the pool drained: no veth, chain, table, lease, namespace."""
     ids = container_ids(net_server)
     net_server.delete_all_sandboxes()
     net_server.stop()  # drains the warm pool
@@ -396,7 +396,7 @@ def test_nothing_left_behind(net_server: NetServer) -> None:
     ip_links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
     assert "up0" in ip_links and "slv" not in ip_links, ip_links
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
-    assert firewall.TABLE_PREFIX not in tables, tables
+    assert "sandlot" not in tables and firewall.LEGACY_PREFIX not in tables, tables
     assert not list((net_server.data_dir / "net" / "leases").iterdir())
     for cid in ids:
         assert not os.path.exists(f"/run/netns/{netns_name(cid)}"), cid

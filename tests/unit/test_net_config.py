@@ -23,7 +23,7 @@ def test_network_defaults_and_file_beats_environment(monkeypatch: pytest.MonkeyP
         Config()
 
 
-def test_ipv6_kept_on_and_host_mode_are_refused_sidecar_image_warned(
+def test_ipv6_kept_on_and_host_mode_without_opt_in_are_refused_sidecar_image_warned(
         tmp_path: Path) -> None:
     def load(text: str) -> Config:
         path = tmp_path / "sandlot.toml"
@@ -36,5 +36,6 @@ def test_ipv6_kept_on_and_host_mode_are_refused_sidecar_image_warned(
     cfg = load('[egress]\nimage = "egress:v1"\n')
     check_config(cfg)
     assert any("[egress] image" in w for w in cfg.warnings())
-    with pytest.raises(StartupRefused, match="execd listens"):
+    with pytest.raises(StartupRefused, match="allow_host_mode = true"):
         check_config(load('[network]\nmode = "host"\n'))
+    check_config(load('[network]\nmode = "host"\nallow_host_mode = true\n'))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sandlot.net.addressing import Leases, SandboxAddress
-from sandlot.net.firewall import clamp_ttl, policy_rules, sandbox_table
+from sandlot.net.firewall import SandboxRules, base_table, clamp_ttl, policy_rules
 from sandlot.net.policy import (
     ALLOW_ALL,
     EgressPolicy,
@@ -95,10 +95,15 @@ def test_coerce_accepts_typed_policies_of_other_modules() -> None:
 
 def test_nft_rules_follow_mode_and_default() -> None:
     deny = parse_policy({"defaultAction": "deny"})
-    assert policy_rules(deny, enforce_ips=False) == ["accept"]
-    rules = policy_rules(deny, enforce_ips=True)
-    assert rules[-2] == "ip daddr @dns4 accept" and rules[-1].startswith("reject")
-    assert policy_rules(ALLOW_ALL, enforce_ips=True)[-1] == "accept"
+    assert policy_rules(deny, False, "dns_x") == ["accept"]
+    rules = policy_rules(deny, True, "dns_x")
+    assert rules[-2] == "ip daddr @dns_x accept" and rules[-1].startswith("reject")
+    assert policy_rules(ALLOW_ALL, True, "dns_x")[-1] == "accept"
+    mixed = parse_policy({"defaultAction": "allow", "egress": [
+        {"action": "deny", "target": "10.1.0.0/16"}, {"action": "allow", "target": "1.2.3.4"}]})
+    rules = policy_rules(mixed, True, "dns_x")
+    assert rules[0].startswith("ip daddr { 10.1.0.0/16 } reject")
+    assert rules[1] == "ip daddr { 1.2.3.4/32 } accept" and rules[2] == "accept"
     assert (clamp_ttl(0), clamp_ttl(30), clamp_ttl(10_000)) == (60, 90, 360)
 
 
@@ -108,11 +113,13 @@ def test_table_blocks_private_ranges_and_spoofing(tmp_path) -> None:  # type: ig
     leases = Leases(tmp_path, ipaddress.IPv4Network("100.88.0.0/16"))
     addr: SandboxAddress = leases.acquire("sb")
     assert (str(addr.gateway), str(addr.address)) == ("100.88.0.5", "100.88.0.6")
-    script = sandbox_table(addr, leases.subnet, [], ALLOW_ALL, True)
     for net in ("10.0.0.0/8", "169.254.0.0/16", "100.64.0.0/10", "192.168.0.0/16"):
-        assert net in script
+        assert net in base_table()
+    script = SandboxRules(addr, leases.subnet, [], True).install(ALLOW_ALL)
+    assert "ip daddr @blocked4 reject" in script and "ip daddr 100.88.0.0/16 reject" in script
     assert "ip saddr != 100.88.0.6 drop" in script
     assert "meta nfproto ipv6 drop" in script
+    assert f'"{addr.host_ifname}" : goto sbx_' in script
     assert Leases(tmp_path, leases.subnet).get("sb") == addr  # survives a restart
     second = leases.acquire("other")
     assert second.index != addr.index
@@ -132,8 +139,8 @@ def test_policies_are_bounded() -> None:
     from sandlot.net.policy import MAX_RULES
 
     rules = [{"action": "allow", "target": f"h{i}.test"} for i in range(MAX_RULES + 1)]
-    with pytest.raises(PolicyError, match="at most"):
+    with pytest.raises(PolicyError, match="exceeds limit"):
         parse_policy({"egress": rules})
     full = parse_policy({"egress": rules[:MAX_RULES]})
-    with pytest.raises(PolicyError, match="at most"):
+    with pytest.raises(PolicyError, match="exceeds limit"):
         full.patched(parse_rules([{"action": "deny", "target": "one-more.test"}]))

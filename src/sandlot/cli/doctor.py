@@ -22,6 +22,7 @@ from rich.table import Table
 
 from sandlot.config import Config
 from sandlot.errors import RuntimeFailure
+from sandlot.net import hostmode
 from sandlot.runtime.oci import cgroups, mounts, runsc
 from sandlot.runtime.oci.binary import RUNSC_PACKAGE_HINT, choose_binary, flavor_of
 
@@ -223,6 +224,18 @@ def check_network() -> list[Check]:
     return checks
 
 
+def check_network_mode(cfg: Config) -> Check | None:
+    """Mode host is unfenced: said loudly here as at every start (sandlot.net.hostmode)."""
+    if cfg.network.mode != "host":
+        return None
+    why = hostmode.refusal(cfg)
+    if why:
+        return Check("network mode host", False, why, "use isolated (the default)",
+                     required=True)
+    return Check("network mode host", False, "WARNING: " + hostmode.WARNING,
+                 'set [network] mode = "isolated" unless every workload is trusted')
+
+
 def check_docker(cfg: Config) -> Check | None:
     wanted = cfg.runtime.type == "docker" or cfg.secure_runtime.docker_runtime is not None
     if not wanted:
@@ -282,7 +295,8 @@ def check_data_dir(data_dir: Path) -> Check:
 def run_checks(cfg: Config) -> list[Check]:
     steps: list[Callable[[], Check | list[Check] | None]] = [
         lambda: check_runtimes(cfg), check_cgroups, lambda: check_overlay(cfg.data_dir),
-        check_userns, check_network, lambda: check_docker(cfg), lambda: check_kubernetes(cfg),
+        check_userns, check_network, lambda: check_network_mode(cfg),
+        lambda: check_docker(cfg), lambda: check_kubernetes(cfg),
         lambda: check_data_dir(cfg.data_dir),
     ]
     checks: list[Check] = []

@@ -26,6 +26,7 @@ from sandlot.errors import SandlotError
 from sandlot.net.policy import (
     EgressPolicy,
     PolicyError,
+    TooManyRules,
     parse_policy,
     parse_rules,
     parse_targets,
@@ -41,6 +42,7 @@ class Response:
     status: int
     body: bytes
     content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def _json(status: int, payload: Any) -> Response:
@@ -99,27 +101,39 @@ async def handle(access: PolicyAccess, method: str, path: str, headers: dict[str
         return _text(501, "the credential vault is not supported by sandlot yet")
     if path != "/policy":
         return _text(404, "not found")
+    # The reference's wording per method for a bad body (its text/plain 400 answers).
+    invalid = {"PATCH": "invalid patch rules", "DELETE": "invalid delete targets"}.get(
+        method, "invalid policy")
     try:
         current = access.current()
         if method == "GET":
             return access.status(current, with_policy=True)
         if method in ("POST", "PUT"):
-            new = parse_policy(_load(body)) if body.strip() else EgressPolicy("deny")
+            if not body.strip():  # the reference resets to deny-all
+                await access.change(EgressPolicy("deny"))
+                return _json(200, {"status": "ok", "mode": "deny_all",
+                                   "reason": "policy reset to default deny-all"})
+            new = parse_policy(_load(body))
         elif method == "PATCH":
             rules = parse_rules(_load(body), "rules")
             if not rules:
-                raise PolicyError("invalid patch rules: empty array")
+                return _text(400, "invalid patch rules: empty array")
             new = current.patched(rules)
         elif method == "DELETE":
             new = current.without(parse_targets(_load(body)))
             if new == current:
                 return access.status(current, False, "no matching targets found")
         else:
-            return _text(405, "method not allowed")
+            return Response(405, b"method not allowed\n", "text/plain; charset=utf-8",
+                            (("Allow", "GET, POST, PUT, PATCH, DELETE"),))
         await access.change(new)
         return access.status(new, with_policy=False)
+    except TooManyRules as exc:
+        return _text(413, exc.message)
     except PolicyError as exc:
-        return _text(400, f"invalid policy: {exc.message}")
+        if exc.message == "empty body":
+            return _text(400, "empty body")
+        return _text(400, f"{invalid}: {exc.message}")
     except SandlotError as exc:  # e.g. 409 for a sandbox that is not running
         return _text(exc.status, exc.message)
 
@@ -162,7 +176,8 @@ async def serve(access: Callable[[], PolicyAccess | None], reader: asyncio.Strea
             else:
                 resp = await handle(acc, event.method.decode(), event.target.decode(), hdrs, body)
             writer.write(conn.send(h11.Response(status_code=resp.status, headers=[
-                ("Content-Type", resp.content_type), ("Content-Length", str(len(resp.body)))])))
+                ("Content-Type", resp.content_type), ("Content-Length", str(len(resp.body))),
+                *resp.headers])))
             writer.write(conn.send(h11.Data(data=resp.body)) + conn.send(h11.EndOfMessage()))
             await writer.drain()
             if conn.our_state is h11.MUST_CLOSE:

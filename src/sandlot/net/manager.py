@@ -1,10 +1,11 @@
 """``NetworkManager``: the isolated network of every sandbox of one server.
 
-Per sandbox (container): a /30 lease, a veth pair, an nft table, a DNS filter listening on
-its gateway and the applied policy, saved under ``data_dir/net/policies`` so that a
-restarted server re-opens the DNS filters with the same policies (the kernel state, veth
-and nft table, survives the restart and keeps enforcing meanwhile). ``teardown`` removes
-all of it and is safe to call for a container that has none of it (idempotent).
+Per sandbox (container): a /30 lease, a veth pair, a chain (and set and map entries) in
+the shared nft table, a DNS filter listening on its gateway and the applied policy, saved
+under ``data_dir/net/policies`` so that a restarted server re-opens the DNS filters with the
+same policies (the kernel state, veth and chain, survives the restart and keeps enforcing
+meanwhile). ``teardown`` removes all of it and is safe to call for a container that has
+none of it (idempotent).
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class NetworkManager:
                 f"({', '.join(clash)}); choose another subnet"
             )
         await asyncio.to_thread(_enable_forwarding)
+        await asyncio.to_thread(firewall.ensure_table)
         if not mgr.upstreams:
             log.warning("network: no upstream DNS servers (none in /etc/resolv.conf and no "
                         "[network] dns_servers): sandboxes' names will not resolve")
@@ -111,24 +113,49 @@ class NetworkManager:
                     "mode is now %r", len(mgr.leases.all()), cfg.network.mode)
         for addr in mgr.leases.all():
             await mgr.teardown(addr.container_id)
+        await asyncio.to_thread(firewall.remove_table_if_unused)
 
     async def restore(self, live: set[str]) -> None:
-        """Re-open DNS filters of ``live`` containers; remove what is left of others."""
+        """Re-install the rules and re-open the DNS filters of ``live`` containers; remove
+        what is left of others, and any sandbox chain or map entry whose veth is gone."""
         present = set(await asyncio.to_thread(links.host_links, IFNAME_PREFIX))
         for addr in self.leases.all():
             cid = addr.container_id
             if cid in live and addr.host_ifname in present:
+                pol = self._load_policy(cid)
+                # An earlier version's per-sandbox table goes; the chain is (re)made in
+                # place (a no-op change when it is there already).
+                await asyncio.to_thread(firewall.try_run, "delete table inet "
+                                        + firewall.legacy_table_name(cid))
+                await asyncio.to_thread(self._install, addr, pol)
+                self._applied[cid] = pol
                 try:
-                    await self._start_filter(addr, self._load_policy(cid))
+                    await self._start_filter(addr, pol)
                 except OSError:
                     log.exception("network: cannot re-open the DNS filter of %s", cid)
             else:
                 await self.teardown(cid)
+        stale = await asyncio.to_thread(firewall.sweep)
+        if stale:
+            log.warning("network: removed the nft chains and map entries of %d sandbox(es) "
+                        "whose veth no longer exists", len(stale))
 
     # -- per sandbox ------------------------------------------------------------------
 
     def _lock(self, cid: str) -> asyncio.Lock:
         return self._locks.setdefault(cid, asyncio.Lock())
+
+    def _rules(self, addr: SandboxAddress) -> firewall.SandboxRules:
+        return firewall.SandboxRules(addr, self.subnet, self.allow_cidrs, self.enforce_ips)
+
+    def _install(self, addr: SandboxAddress, pol: EgressPolicy) -> None:
+        """Install a sandbox's chain (blocking). The shared table is made again if it is
+        gone: another server in this namespace deletes it when its own last sandbox goes
+        and it finds no chain left."""
+        script = self._rules(addr).install(pol)
+        if not firewall.try_run(script):
+            firewall.ensure_table()
+            firewall.run(script)
 
     def address(self, cid: str) -> SandboxAddress | None:
         return self.leases.get(cid)
@@ -145,9 +172,7 @@ class NetworkManager:
             addr = self.leases.acquire(cid)
             try:
                 await asyncio.to_thread(links.create_veth, addr, ns)
-                script = firewall.sandbox_table(addr, self.subnet, self.allow_cidrs, pol,
-                                                self.enforce_ips)
-                await asyncio.to_thread(firewall.run, script)
+                await asyncio.to_thread(self._install, addr, pol)
                 self._applied[cid] = pol
                 self._save_policy(cid, pol)
                 await self._start_filter(addr, pol)
@@ -171,24 +196,23 @@ class NetworkManager:
         """Swap the policy at once: nft chain and sets in one batch, then the DNS filter.
 
         The nft batch is skipped when the address part (default action, IP/CIDR rules) is
-        unchanged, as for the usual PATCH adding or removing names: libnftables' cost grows
-        with the number of sandboxes, the DNS filter's swap and the learned-address
-        removal (netlink) do not.
+        unchanged, as for the usual PATCH adding or removing names: the DNS filter's swap
+        and the learned-address removal (netlink) are all such a change needs.
         """
         pol = coerce(policy)
         async with self._lock(cid):
-            if self.leases.get(cid) is None:
+            addr = self.leases.get(cid)
+            if addr is None:
                 raise RuntimeFailure(f"container {cid} has no isolated network")
             applied = self._applied.get(cid)  # what this process put into nft, if anything
             learned = self._learned.get(cid)
             forget = learned.forget_unless(
                 lambda name: pol.evaluate(name)[0] == ALLOW) if learned else []
             if applied is None or _address_part(applied) != _address_part(pol):
-                await asyncio.to_thread(firewall.run,
-                                        firewall.policy_update(cid, pol, self.enforce_ips))
+                await asyncio.to_thread(firewall.run, self._rules(addr).update(pol))
             self._applied[cid] = pol
             if forget:
-                await self._sets.delete(firewall.table_name(cid), "dns4", forget)
+                await self._sets.delete(firewall.TABLE, firewall.dns_set_name(cid), forget)
             self._save_policy(cid, pol)
             flt = self._filters.get(cid)
             if flt is not None:
@@ -207,8 +231,8 @@ class NetworkManager:
         self._applied.pop(cid, None)
         addr = self.leases.get(cid)
         ifname = addr.host_ifname if addr else host_ifname(cid)
-        await asyncio.to_thread(links.delete_veth, ifname)
-        await asyncio.to_thread(firewall.delete_table, cid)
+        await asyncio.to_thread(links.delete_veth, ifname)  # first: see firewall.sweep
+        await asyncio.to_thread(firewall.remove_sandbox, cid, addr)
         (self.policy_dir / f"{cid}.json").unlink(missing_ok=True)
         self.leases.release(cid)
 
@@ -236,8 +260,10 @@ class NetworkManager:
         return EgressPolicy("deny")
 
     async def close(self) -> None:
-        """Stop the DNS filters; kernel state stays (sandboxes outlive the server)."""
+        """Stop the DNS filters; kernel state stays (sandboxes outlive the server), the
+        shared table only while some sandbox still has a chain in it."""
         for flt in self._filters.values():
             flt.close()
         self._filters.clear()
         self._sets.close()
+        await asyncio.to_thread(firewall.remove_table_if_unused)

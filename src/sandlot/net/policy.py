@@ -28,6 +28,13 @@ class PolicyError(InvalidRequest):
     """An invalid policy or rule (HTTP 400, naming the rule)."""
 
 
+class TooManyRules(PolicyError):
+    """More than ``MAX_RULES`` rules (the egress API answers 413 for it, as the reference)."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(f"egress rule total count {count} exceeds limit {MAX_RULES}")
+
+
 @dataclass(frozen=True)
 class EgressRule:
     action: Action
@@ -91,8 +98,7 @@ class EgressPolicy:
                 seen.add(rule.target)
                 merged.append(rule)
         if len(merged) > MAX_RULES:
-            raise PolicyError(f"the policy would have {len(merged)} rules; at most "
-                              f"{MAX_RULES} are accepted")
+            raise TooManyRules(len(merged))
         return EgressPolicy(self.default_action, tuple(merged))
 
     def without(self, targets: list[str]) -> EgressPolicy:
@@ -144,14 +150,14 @@ def parse_rule(raw: Any, where: str) -> EgressRule:
     return EgressRule(_action(raw.get("action"), f"{where} ({target})"), target)
 
 
-MAX_RULES = 4096  # per policy: each rule is state in the DNS filter and nft sets
+MAX_RULES = 4096  # per policy (the reference's default limit, OPENSANDBOX_EGRESS_MAX_RULES)
 
 
 def parse_rules(raw: Any, what: str = "egress") -> list[EgressRule]:
     if not isinstance(raw, list):
         raise PolicyError(f"{what} must be a list of rules")
     if len(raw) > MAX_RULES:
-        raise PolicyError(f"{what} has {len(raw)} rules; at most {MAX_RULES} are accepted")
+        raise TooManyRules(len(raw))
     return [parse_rule(item, f"{what}[{i}]") for i, item in enumerate(raw)]
 
 

@@ -15,6 +15,7 @@ from sandlot import datadir, logsetup
 from sandlot.config import API_KEY_ENV, Config
 from sandlot.errors import SandlotError
 from sandlot.http_deadlines import deadline_protocol
+from sandlot.net import hostmode
 from sandlot.runtime.base import Runtime
 from sandlot.runtime.registry import runtime_class
 from sandlot.server.quantity import parse_ephemeral_storage
@@ -59,13 +60,8 @@ def check_config(cfg: Config) -> None:
         if not prefix.startswith("/") or prefix.rstrip("/") == "":
             raise StartupRefused(f"[storage] allowed_host_paths: {prefix!r} must be an absolute "
                                  "directory other than '/'")
-    if cfg.network.mode == "host":
-        raise StartupRefused(
-            '[network] mode = "host" is not supported: each sandbox\'s execd listens on the '
-            "loopback of the sandbox's own network namespace, which sandboxes sharing the "
-            'host\'s namespace cannot have; use "isolated" (outbound access under the egress '
-            'policy, the default) or "none" (loopback only)'
-        )
+    if cfg.network.mode == "host" and (why := hostmode.refusal(cfg)):
+        raise StartupRefused(why)
     try:
         tenants = tenant_directory(cfg)
     except TenantsFileError as exc:
@@ -91,6 +87,8 @@ async def open_runtime(cfg: Config) -> Runtime:
     """The backend ``[runtime] type`` names, opened (it checks the host itself)."""
     runtime = await runtime_class(cfg.runtime.type).open(cfg)
     caps = runtime.capabilities
+    if cfg.network.mode == "host":
+        log.warning("!" * 72 + "\n%s\n" + "!" * 72, hostmode.WARNING)
     log.info("runtime %s (isolation: %s; pause: %s%s)", runtime.name, caps.isolation,
              cfg.runtime.pause_mode, ", hibernate available" if caps.hibernate else "")
     sr = cfg.secure_runtime

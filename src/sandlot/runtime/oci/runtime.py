@@ -40,9 +40,12 @@ from sandlot.errors import (
     InvalidRequest,
     NotFound,
     RuntimeFailure,
+    Unsupported,
 )
 from sandlot.images.model import Image, ImageConfig, RegistryAuth
+from sandlot.net import hostmode
 from sandlot.net.manager import NetworkManager
+from sandlot.net.policy import coerce as coerce_policy
 from sandlot.runtime import cgroupstats, execd_client
 from sandlot.runtime.admission import StartGate
 from sandlot.runtime.base import (
@@ -115,6 +118,25 @@ def _check_id(sandbox_id: str) -> None:
         raise InvalidRequest(f"invalid sandbox id {sandbox_id!r}: use letters, digits, '_.-'")
 
 
+def _refuse_policy_in_host_mode(policy: object) -> None:
+    """Mode host enforces nothing: a policy that restricts anything is refused, not ignored."""
+    if policy is not None and not coerce_policy(policy).allows_everything:
+        raise Unsupported('networkPolicy cannot be enforced: this server runs with [network] '
+                          'mode = "host" (sandboxes share its network namespace, unfenced)')
+
+
+async def _connect_loopback(port: int) -> socket.socket:
+    """A non-blocking TCP socket connected to ``127.0.0.1:port`` of the server's namespace."""
+    sock = socket.socket()
+    try:
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def _swap_limit_supported() -> bool:
     if cgroups.is_unified_only():
         return True
@@ -151,6 +173,7 @@ class OciRuntime(Runtime):
         images: ImageSource,
         execd_port: int = execd_client.DEFAULT_PORT,
         network: NetworkManager | None = None,
+        host_network: bool = False,
         allowed_host_paths: list[str] | None = None,
         default_disk_bytes: int | None = None,
         runsc_platform: str = "ptrace",
@@ -173,13 +196,14 @@ class OciRuntime(Runtime):
         self.binary = OciBinary(binary, flavor_of(binary))
         self.gvisor = self.binary.is_gvisor
         # A policy is enforced in mode "isolated" and trivially met in "none" (nothing
-        # leaves the sandbox).
+        # leaves the sandbox); in "host" nothing can be enforced: a create carrying one is
+        # refused (400, as the reference's Docker host network does).
         self.capabilities = RuntimeCapabilities(
             # Hibernation needs gVisor and, for now, no outbound network: a restored netstack
             # would come back without the sandbox's veth address (not re-applied yet).
             pause=True, snapshots=True, pools=True, hibernate=self.gvisor and network is None,
             isolation=self.binary.isolation,
-            platforms=frozenset({HOST_PLATFORM}), network_policy=True,
+            platforms=frozenset({HOST_PLATFORM}), network_policy=not host_network,
             volume_kinds=frozenset({"host", "pvc"}), disk_limit=True,
         )
         self.allowed_host_paths = list(allowed_host_paths or [])
@@ -206,6 +230,7 @@ class OciRuntime(Runtime):
         self.named_pools: dict[str, tuple[pool.WarmPool, str]] = {}
         self._pool_lock_fd: int | None = None
         self.network = network  # set in mode "isolated"
+        self.host_network = host_network  # mode "host": the server's namespace (hostmode)
 
     @classmethod
     async def open(cls, cfg: Config, images: ImageSource | None = None) -> OciRuntime:
@@ -246,7 +271,8 @@ class OciRuntime(Runtime):
         rt = cls(data_dir, binary.path, bundle, cfg.runtime.pids_limit,
                  cfg.runtime.warm_pool_size, cfg.runtime.warm_pool_images,
                  images=images, execd_port=cfg.execd.port,
-                 network=network, allowed_host_paths=cfg.storage.allowed_host_paths,
+                 network=network, host_network=cfg.network.mode == "host",
+                 allowed_host_paths=cfg.storage.allowed_host_paths,
                  default_disk_bytes=parse_ephemeral_storage(default_disk) if default_disk else None,
                  runsc_platform=cfg.runtime.runsc_platform, pause_mode=cfg.runtime.pause_mode,
                  user_namespaces=userns,
@@ -321,6 +347,8 @@ class OciRuntime(Runtime):
                         or self.claims.get(spec.sandbox_id)):
                     raise Conflict(f"sandbox {spec.sandbox_id} already exists")
                 mode = self.pause_modes.of_spec(spec)
+                if self.host_network:  # before a warm container is claimed
+                    _refuse_policy_in_host_mode(spec.network_policy)
                 if spec.snapshot_id is not None:  # before the container: delete sees the use
                     self.snapshots.add_user(spec.snapshot_id, spec.sandbox_id)
                 # A warm container has no volumes (its mounts are made) and the default cap.
@@ -387,8 +415,14 @@ class OciRuntime(Runtime):
             "lower_dirs": [str(d) for d in image.lower_dirs],
             "config": dataclasses.asdict(image.config),
         }))  # what a snapshot of this sandbox stands on
-        ns = await netns.create_netns(netns_name(spec.sandbox_id))
-        if self.network is not None:
+        ns: Path | None = None
+        execd_port = self.execd_port
+        if self.host_network:
+            execd_port = hostmode.allocate_port(p.root)
+            shutil.copyfile("/etc/resolv.conf", p.etc / "resolv.conf")
+        else:
+            ns = await netns.create_netns(netns_name(spec.sandbox_id))
+        if self.network is not None and ns is not None:
             await self.network.setup(spec.sandbox_id, ns, None if pooled else spec.network_policy)
             (p.etc / "resolv.conf").write_text(self.network.resolv_conf(spec.sandbox_id))
         if self.gvisor:
@@ -406,13 +440,13 @@ class OciRuntime(Runtime):
         mounts.mount_overlay(lowers, p.upper, p.work, rootfs)
         limited = SandboxSpec(**{**spec.__dict__, "pids_limit": self._host_pids(spec)})
         config = ocispec.build_config(limited, image, self.bundle, netns=ns, etc_dir=p.etc,
-                                      swap_limit=self._swap, execd_port=self.execd_port,
+                                      swap_limit=self._swap, execd_port=execd_port,
                                       execd_host=runsc.GVISOR_ADDR if self.gvisor else None,
                                       uid_base=uid_base,
                                       user=imageuser.resolve_user(image.config.user,
                                                                   list(image.lower_dirs)))
         config["root"]["path"] = str(rootfs)
-        if self.network is not None:
+        if self.network is not None or self.host_network:
             config["mounts"].append({
                 "destination": "/etc/resolv.conf", "type": "bind",
                 "source": str(p.etc / "resolv.conf"),
@@ -473,6 +507,8 @@ class OciRuntime(Runtime):
     async def set_network_policy(self, sandbox_id: str, policy: object) -> None:
         """Enforce ``policy`` for a running sandbox at once (no restart of anything)."""
         _check_id(sandbox_id)
+        if self.host_network:
+            _refuse_policy_in_host_mode(policy)
         if self.network is None:
             return  # mode none: nothing leaves the sandbox whatever the policy says
         await self.network.set_policy(self.container_id(sandbox_id), policy)
@@ -681,6 +717,13 @@ class OciRuntime(Runtime):
         if not 0 < port < 65536:
             raise InvalidRequest(f"port {port} is out of range (1-65535)")
         name = netns_name(container_id)
+        if self.host_network:  # the server's own namespace
+            root = SandboxPaths.of(self.data_dir, container_id).root
+            if not root.is_dir():
+                raise NotFound(f"sandbox {container_id} not found")
+            if port == self.execd_port:  # execd's port, as clients know it: its own one
+                port = hostmode.execd_port(root) or port
+            return await _connect_loopback(port)
         if self.gvisor:  # sockets live in gVisor's netstack, reached over the access veth
             ns, host = netns.netns_path(runsc.access_netns_name(name)), runsc.GVISOR_ADDR
         else:
@@ -712,7 +755,8 @@ class OciRuntime(Runtime):
     def diagnostic_ids(self, sandbox_id: str) -> dict[str, str]:
         cid = self.container_id(sandbox_id)
         return {"containerId": cid, "ociRuntime": self.binary.isolation,
-                "cgroupsPath": cgroups.cgroups_path(cid), "netns": netns_name(cid)}
+                "cgroupsPath": cgroups.cgroups_path(cid),
+                "netns": "host" if self.host_network else netns_name(cid)}
 
     async def close(self) -> None:
         """Stop refilling and delete the unclaimed warm containers (a start re-creates them)."""

@@ -164,7 +164,7 @@ def build_config(
     image: Image,
     bundle: ExecdBundle,
     *,
-    netns: Path,
+    netns: Path | None,
     etc_dir: Path,
     swap_limit: bool,
     execd_port: int,
@@ -175,7 +175,8 @@ def build_config(
     """The complete config.json for ``spec`` (rootfs is ``rootfs`` next to it).
 
     ``uid_base``: run in a user namespace whose ids 0..65535 are host ids from ``uid_base``
-    on (root inside is an unprivileged host user); None keeps host ids.
+    on (root inside is an unprivileged host user); None keeps host ids. ``netns`` None:
+    the server's own network namespace (``[network] mode = "host"``).
     """
     caps = list(CAPABILITIES)
     # As many open files as the host lets us hand down (raising it needs CAP_SYS_RESOURCE).
@@ -199,7 +200,8 @@ def build_config(
         "linux": {
             "namespaces": [
                 {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
-                {"type": "cgroup"}, {"type": "network", "path": str(netns)},
+                {"type": "cgroup"},
+                *([{"type": "network", "path": str(netns)}] if netns is not None else []),
             ],
             "cgroupsPath": cgroups.cgroups_path(spec.sandbox_id),
             "resources": _resources(spec, swap_limit),
