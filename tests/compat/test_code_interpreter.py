@@ -31,7 +31,8 @@ from sandlot.runtime.oci.spec import EXECD_OOM_SCORE_ADJ, can_lower_oom_score_ad
 from tests.compat.conftest import SandlotServer
 
 # A cold image build can take far longer than the suite's default per-test timeout.
-pytestmark = [pytest.mark.timeout(2400), pytest.mark.backends("oci", "docker")]
+pytestmark = [pytest.mark.timeout(2400), pytest.mark.backends("oci", "docker"),
+              pytest.mark.heavy_backends("runsc")]
 
 IMAGE = "code-interpreter"
 REFERENCE_IMAGE = "opensandbox/code-interpreter:latest"

@@ -181,6 +181,7 @@ class OciRuntime(Runtime):
             isolation=self.binary.isolation,
             platforms=frozenset({HOST_PLATFORM}), network_policy=True,
             volume_kinds=frozenset({"host", "pvc"}), disk_limit=True,
+            pvc_size=True,
         )
         self.allowed_host_paths = list(allowed_host_paths or [])
         self.pvcs = volumes.PvcStore(data_dir / "volumes")
