@@ -191,7 +191,7 @@ async def test_mcp_sandbox_workflow(sandlot_server: SandlotServer) -> None:
                 ran = await call(
                     s,
                     "command_run",
-                    {"sandbox_id": sid, "command": "stat -c %a /work/mcp/notes.txt"},
+                    {"sandbox_id": sid, "command": "find /work/mcp/notes.txt -printf %m"},
                 )
                 assert stdout_of(ran) == "644"
 
