@@ -16,10 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
+
+# make test: oci; make test-heavy: docker and runsc too
+pytestmark = pytest.mark.heavy_backends("docker", "runsc")
 
 TOOLS = {
     "sandbox_create",

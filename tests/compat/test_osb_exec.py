@@ -22,6 +22,9 @@ import pytest
 
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
 
+# make test: oci; make test-heavy: docker and runsc too
+pytestmark = pytest.mark.heavy_backends("docker", "runsc")
+
 
 def osb(
     server: SandlotServer, *args: str, stdin: str | None = None
