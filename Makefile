@@ -6,7 +6,7 @@ DATA_DIR ?= /var/lib/sandlot
 CONFIG   ?= $(DATA_DIR)/config.toml
 PYTEST_ARGS ?=
 
-.PHONY: deps run image test bench lint clean console
+.PHONY: deps run image test test-heavy bench lint clean console
 
 deps:
 	@scripts/install-deps.sh
@@ -21,6 +21,11 @@ run: image
 
 test: deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The slow-marked tests make test leaves out, among them the full compat suite on the runsc
+# and docker backends (heavy_backends marks, tests/compat/conftest.py).
+test-heavy: deps
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
 bench: deps
 	SANDLOT_WITH_DOCKER=1 scripts/install-deps.sh

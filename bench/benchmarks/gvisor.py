@@ -123,6 +123,7 @@ async def _hibernation_rows(env: BenchEnv, server: SandlotServer, sandboxes: San
                 t0 = time.perf_counter()
                 await manager.pause_sandbox(sandbox.id)
                 hib.append(time.perf_counter() - t0)
+                await asyncio.sleep(2.0)  # runsc's delete of the stopped sentry follows
                 after.append(_container_memory_mb(server, sandbox.id))
                 t0 = time.perf_counter()
                 await manager.resume_sandbox(sandbox.id)

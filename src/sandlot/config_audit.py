@@ -74,9 +74,10 @@ UPSTREAM: dict[str, dict[str, Rule]] = {
                              why="IPv6 is always off inside sandboxes; false cannot be honoured"),
     },
     "storage": {
-        # pvc volumes are directories in the data dir: no size a create could ask for is
-        # enforced, so a default size would be a promise not kept.
-        "volume_default_size": Rule(False, why="pvc volume sizes are not enforced"),
+        # A size is enforced when a create asks for one (``storage``, oci runtime); claims made
+        # without it have no limit, so a default size would be a promise not kept.
+        "volume_default_size": Rule(False, why="pvc volumes made without storage have no "
+                                               "size limit"),
         "ossfs_mount_root": Rule(False, why="no OSSFS volumes"),
     },
     "ingress": {

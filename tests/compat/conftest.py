@@ -3,7 +3,9 @@ OpenSandbox clients to drive.
 
 The backend is ``oci`` unless a module asks for more with ``pytestmark =
 pytest.mark.backends("oci", "docker")``: its tests then run once per backend (a module-scoped
-``compat_backend`` parameter). ``docker`` servers drive the session's private dockerd
+``compat_backend`` parameter); ``heavy_backends("runsc")`` adds slow-marked runs on more
+backends for ``make test-heavy``, and ``SANDLOT_COMPAT_BACKENDS=runsc`` selects backends.
+``docker`` servers drive the session's private dockerd
 (``private_dockerd``, with ``base`` imported as ``python:3.12``).
 
 Each server gets its own short data dir (unix socket paths must stay below 108 bytes) whose
@@ -52,10 +54,13 @@ def needs_root() -> None:
         pytest.skip("sandlot serve's OCI runtime needs root and runc")
 
 
-# Backends: "oci" (runc), "docker", and "runsc" (the oci runtime under gVisor). The default
-# comes from SANDLOT_COMPAT_BACKEND (e.g. runsc: the whole compat suite on gVisor); make test
-# runs a representative subset on runsc (test_gvisor*.py).
-DEFAULT_BACKEND = os.environ.get("SANDLOT_COMPAT_BACKEND", "oci")
+# Backends: "oci" (runc), "docker", and "runsc" (the oci runtime under gVisor). A module's
+# ``backends(...)`` mark names where it runs in make test (test_gvisor*.py is the bounded
+# runsc subset), ``heavy_backends(...)`` where it also runs in make test-heavy (the full
+# suite per backend). Unmarked modules run on the first of SANDLOT_COMPAT_BACKENDS, else
+# on SANDLOT_COMPAT_BACKEND (default oci).
+DEFAULT_BACKEND = (os.environ.get("SANDLOT_COMPAT_BACKENDS", "").split(",")[0].strip()
+                   or os.environ.get("SANDLOT_COMPAT_BACKEND", "oci"))
 GVISOR_CONFIG = '[secure_runtime]\ntype = "gvisor"\n'
 
 
@@ -263,11 +268,40 @@ def compat_image_root(image_store: ImageStore, base_image: object) -> Path:
     return image_store.root
 
 
+def backend_params(backends: tuple[str, ...], heavy: tuple[str, ...],
+                   only: frozenset[str] | None) -> list[object]:
+    """The ``compat_backend`` parameters of one test.
+
+    ``backends`` run in ``make test``; ``heavy`` ones (not already in ``backends``) carry the
+    ``slow`` mark, so ``make test-heavy`` runs the full suite on them. ``only`` (from
+    ``SANDLOT_COMPAT_BACKENDS``) picks backends among both, unmarked: the whole compat
+    suite on one backend is ``SANDLOT_COMPAT_BACKENDS=runsc pytest tests/compat``.
+    """
+    extra = tuple(b for b in heavy if b not in backends)
+    if only is not None:
+        return [b for b in backends + extra if b in only]
+    return [*backends, *(pytest.param(b, marks=pytest.mark.slow) for b in extra)]
+
+
+def _only_backends() -> frozenset[str] | None:
+    raw = os.environ.get("SANDLOT_COMPAT_BACKENDS", "").strip()
+    return frozenset(b.strip() for b in raw.split(",") if b.strip()) if raw else None
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Modules marked ``backends(...)`` run their tests once per named backend."""
+    """Tests marked ``backends(...)``/``heavy_backends(...)`` run once per named backend."""
+    if "compat_backend" not in metafunc.fixturenames:
+        return
     marker = metafunc.definition.get_closest_marker("backends")
-    if marker is not None and "compat_backend" in metafunc.fixturenames:
-        metafunc.parametrize("compat_backend", marker.args, indirect=True, scope="module")
+    heavy = metafunc.definition.get_closest_marker("heavy_backends")
+    if marker is None and heavy is None:
+        return
+    backends = marker.args if marker is not None else (DEFAULT_BACKEND,)
+    params = backend_params(backends, heavy.args if heavy is not None else (), _only_backends())
+    if not params:  # none of the asked-for backends applies to this test
+        params = [pytest.param(backends[0], marks=pytest.mark.skip(
+            reason="not run on the backends SANDLOT_COMPAT_BACKENDS names"))]
+    metafunc.parametrize("compat_backend", params, indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module")

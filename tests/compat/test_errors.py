@@ -7,7 +7,7 @@ import pytest
 
 from tests.compat.conftest import SandlotServer
 
-pytestmark = pytest.mark.backends("oci", "docker")
+pytestmark = [pytest.mark.backends("oci", "docker"), pytest.mark.heavy_backends("runsc")]
 
 
 def assert_error(r: httpx.Response, status: int, code: str | None = None) -> dict:

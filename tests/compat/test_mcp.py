@@ -16,10 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
+
+# make test: oci; make test-heavy: docker and runsc too
+pytestmark = pytest.mark.heavy_backends("docker", "runsc")
 
 TOOLS = {
     "sandbox_create",
@@ -191,7 +195,7 @@ async def test_mcp_sandbox_workflow(sandlot_server: SandlotServer) -> None:
                 ran = await call(
                     s,
                     "command_run",
-                    {"sandbox_id": sid, "command": "stat -c %a /work/mcp/notes.txt"},
+                    {"sandbox_id": sid, "command": "find /work/mcp/notes.txt -printf %m"},
                 )
                 assert stdout_of(ran) == "644"
 

@@ -14,7 +14,12 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
+
+# make test: oci; make test-heavy: docker and runsc too
+pytestmark = pytest.mark.heavy_backends("docker", "runsc")
 
 
 def osb(server: SandlotServer, *args: str) -> subprocess.CompletedProcess[str]:

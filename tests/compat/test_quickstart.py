@@ -9,7 +9,7 @@ import pytest
 
 from tests.compat.conftest import SandlotServer
 
-pytestmark = pytest.mark.backends("oci", "docker")
+pytestmark = [pytest.mark.backends("oci", "docker"), pytest.mark.heavy_backends("runsc")]
 
 QUICKSTART = """
 import asyncio

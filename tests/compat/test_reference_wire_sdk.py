@@ -21,6 +21,9 @@ from opensandbox.sync import SandboxManagerSync
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
 from tests.compat.test_osb_cli import osb
 
+# make test: oci; make test-heavy: docker and runsc too
+pytestmark = pytest.mark.heavy_backends("docker", "runsc")
+
 SUITE = {"suite": "wire"}
 
 

@@ -21,7 +21,7 @@ from tests.compat.conftest import (
     wait_state,
 )
 
-pytestmark = pytest.mark.backends("oci", "docker")
+pytestmark = [pytest.mark.backends("oci", "docker"), pytest.mark.heavy_backends("runsc")]
 
 BODY = RAW_CREATE_BODY
 

@@ -12,7 +12,7 @@ from opensandbox.models.sandboxes import SandboxFilter
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
 from tests.compat.test_image_pull import create_expecting_pull_failure
 
-pytestmark = pytest.mark.backends("oci", "docker")
+pytestmark = [pytest.mark.backends("oci", "docker"), pytest.mark.heavy_backends("runsc")]
 
 
 async def test_sdk_lifecycle(sandlot_server: SandlotServer) -> None:

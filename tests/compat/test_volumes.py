@@ -10,8 +10,10 @@ dockerd on docker; claim names carry a per-run suffix (that dockerd's data root 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -116,6 +118,45 @@ async def test_host_volume_read_write_and_read_only(vol_server: SandlotServer,
     assert not any(str(src) in line for line in Path("/proc/self/mountinfo").read_text()
                    .splitlines()), "a staged volume mount leaked"
     assert not list((vol_server.data_dir / "docker-volumes").glob("*")), "staging leaked"
+
+
+def _host_disk() -> int:
+    """The device number of a real block device of this host (not a loop or RAM disk)."""
+    for dev in sorted(Path("/sys/block").iterdir()):
+        if not dev.name.startswith(("loop", "ram", "zram")):
+            major, minor = (dev / "dev").read_text().split(":")
+            return os.makedev(int(major), int(minor))
+    pytest.skip("this host has no block device")
+
+
+async def test_volume_brings_in_no_set_uid_or_device(vol_server: SandlotServer,
+                                                      allowed_dir: Path) -> None:
+    """What nosuid/nodev are for holds on every backend, gVisor included (runsc ignores the
+    flags in its own mount table; docs/volumes.md): a set-uid-root program put in a host
+    volume does not raise a sandbox user to root, a device node of the host's disk put there
+    reads nothing, and no device node can be made in the volume from inside."""
+    src = allowed_dir / f"suid-{vol_server.backend}"
+    src.mkdir()
+    shutil.copy2("/usr/bin/id", src / "id")  # the same Debian binary the base image runs
+    os.chown(src / "id", 0, 0)
+    os.chmod(src / "id", 0o4755)
+    os.mknod(src / "disk", 0o666 | stat.S_IFBLK, _host_disk())  # the host's own disk
+    sandbox = await _create(vol_server, volumes=[
+        Volume(name="v", host=Host(path=str(src)), mount_path="/mnt/v")])
+    try:
+        as_nobody = ("import os; os.setgroups([]); os.setgid(65534); os.setuid(65534); "
+                     "os.execv('/mnt/v/id', ['id', '-u'])")
+        out, err = await _sh(sandbox, f'python3 -c "{as_nobody}"')
+        assert out == "65534", (out, err)  # not 0: the set-uid bit is inert
+        out, err = await _sh(sandbox, "head -c512 /mnt/v/disk 2>/dev/null | wc -c")
+        assert out == "0", (out, err)  # the host's disk cannot be read through the node
+        out, err = await _sh(sandbox, "mknod /mnt/v/made c 1 3 2>&1 && echo made || "
+                                      "echo refused")
+        assert out.splitlines()[-1] == "refused", (out, err)
+        assert not (src / "made").exists()
+    finally:
+        await sandbox.kill()
+        await sandbox.close()
 
 
 @pytest.mark.parametrize(("path", "code"), [
@@ -247,6 +288,53 @@ async def test_ephemeral_storage_gives_enospc(vol_server: SandlotServer) -> None
             await s.close()
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
     assert f"{vol_server.data_dir}/sandboxes/{capped.id}/" not in loops, loops
+
+
+async def test_pvc_storage_size_gives_enospc(vol_server: SandlotServer) -> None:
+    """A pvc made with ``storage`` is capped there (its own file system on oci/runsc); the
+    docker runtime refuses the size (501) rather than making an uncapped volume."""
+    claim = _claim("sized")
+    body = {"image": {"uri": COMPAT_IMAGE}, "entrypoint": ["tail", "-f", "/dev/null"],
+            "timeout": 60, "resourceLimits": {},
+            "volumes": [{"name": "s", "mountPath": "/s", "pvc": {
+                "claimName": claim, "storage": "32Mi", "deleteOnSandboxTermination": True}}]}
+    if vol_server.backend == "docker":
+        with vol_server.client() as c:
+            r = c.post("/v1/sandboxes", json=body)
+            assert (r.status_code, r.json()["code"]) == (501, "VOLUME::UNSUPPORTED_BACKEND")
+            assert "storage" in r.json()["message"] and "docker" in r.json()["message"]
+        assert _claim_dir(vol_server, claim) is None
+        return
+    vols = [Volume(name="s", mount_path="/s", pvc=PVC(
+        claim_name=claim, storage="32Mi", delete_on_sandbox_termination=True))]
+    sized = await _create(vol_server, volumes=vols)
+    other = await _create(vol_server, volumes=[Volume(name="o", mount_path="/o", pvc=PVC(
+        claim_name=_claim("unsized"), delete_on_sandbox_termination=True))])
+    try:
+        out, err = await _sh(sized, "dd if=/dev/zero of=/s/fill bs=1M count=100 2>&1; "
+                                    "echo rc=$?; df -m /s | tail -1")
+        assert "No space left on device" in out + err and "rc=1" in out, (out, err)
+        assert int(out.splitlines()[-1].split()[1]) <= 32, out
+        data = _claim_dir(vol_server, claim)
+        assert data is not None and (data / "fill").stat().st_size <= 32 * 2**20
+        image = vol_server.data_dir / "volumes" / claim / "disk.img"
+        assert 0 < image.stat().st_blocks * 512 <= 32 * 2**20  # the host gave at most the size
+        out, err = await _sh(other, "dd if=/dev/zero of=/o/f bs=1M count=64 2>/dev/null "
+                                    "&& echo wrote")
+        assert out == "wrote", err  # another volume is not capped by this one
+        with vol_server.client() as c:  # an existing claim is not resized
+            body["volumes"][0]["pvc"]["storage"] = "64Mi"  # type: ignore[index]
+            r = c.post("/v1/sandboxes", json=body)
+            assert (r.status_code, r.json()["code"]) == (409, "VOLUME::PVC_SIZE_MISMATCH"), r.text
+    finally:
+        for s in (sized, other):
+            await s.kill()
+            await s.close()
+    assert _claim_dir(vol_server, claim) is None
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    assert f"{vol_server.data_dir}/volumes/" not in loops, loops
+    mounted = Path("/proc/self/mountinfo").read_text()
+    assert f"{vol_server.data_dir}/volumes/" not in mounted
 
 
 def test_osb_creates_with_a_volume_and_a_disk_cap(vol_server: SandlotServer,

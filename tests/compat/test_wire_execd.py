@@ -29,7 +29,7 @@ from opensandbox.models.filesystem import MoveEntry, SearchEntry, WriteEntry
 
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.heavy_backends("docker", "runsc")]
 
 # Every framing case of the reference's readFromPos in one command: \r\n once, \r alone,
 # a blank line (sent as "\n"), \r\n after a blank, an unterminated last line, and a

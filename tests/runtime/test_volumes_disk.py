@@ -56,7 +56,7 @@ async def test_warm_pool_holds_the_default_cap(capped_rt: OciRuntime, rt_image: 
     await rt.pool.wait_full(rt_image.name)
     warm = rt.pool._ready[rt_image.name][0].container_id
     assert m.is_mounted(rt.paths(warm).rw)  # the warm container's layer is capped already
-    device = disklimit._source_of(rt.paths(warm).rw)
+    device = disklimit.source_of(rt.paths(warm).rw)
     assert device is not None and device.startswith("/dev/loop")
     dio = Path(f"/sys/block/{Path(device).name}/loop/dio").read_text().strip()
     assert dio == "1"  # no second page-cache copy of the layer's blocks

@@ -61,6 +61,17 @@ def test_request_shape() -> None:
     assert _code([{**pvc, "pvc": {"claimName": "Bad!"}}], []) == "VOLUME::INVALID_PVC_NAME"
     assert _code([{**pvc, "pvc": {"claimName": "c", "storage": "1Gi"}}], []) == \
         "VOLUME::UNSUPPORTED_BACKEND"
+    # a runtime that enforces pvc sizes (oci) checks the size instead
+    sized = {**pvc, "pvc": {"claimName": "c", "storage": "1Gi"}}
+    check_volumes([sized], [], pvc_size=True)
+    for bad in ("lots", "1Ki", "-1Gi"):
+        with pytest.raises(InvalidRequest) as err:
+            check_volumes([{**pvc, "pvc": {"claimName": "c", "storage": bad}}], [],
+                          pvc_size=True)
+        assert err.value.code == "VOLUME::INVALID_PVC_STORAGE" and repr(bad) in err.value.message
+    with pytest.raises(Unsupported) as unsupported:
+        check_volumes([sized], [], runtime_name="docker")
+    assert "docker" in unsupported.value.message and "tmpfs" in unsupported.value.message
     assert _code([{"name": "o", "ossfs": {"bucket": "b"}, "mountPath": "/o"}], []) == \
         "VOLUME::UNSUPPORTED_BACKEND"
     assert _code([{"name": "n", "mountPath": "/n"}], []) == "VOLUME::INVALID_BACKEND"

@@ -106,6 +106,7 @@ class RuntimeCapabilities:
     pools: bool = False  # named pools of pre-started sandboxes (``ensure_pool``)
     volume_kinds: frozenset[str] = frozenset()
     disk_limit: bool = False  # enforces SandboxSpec.disk_bytes (resourceLimits ephemeral-storage)
+    pvc_size: bool = False  # enforces a pvc volume's ``storage`` size (VolumeSpec.options)
     gpu: bool = False
     network_policy: bool = False
     resource_requests: bool = False  # schedules by SandboxSpec.*_request_* (Kubernetes)

@@ -78,3 +78,21 @@ def parse_ephemeral_storage(value: str) -> int:
             f"resourceLimits.ephemeral-storage must be at least 32Mi, got {value!r}"
         )
     return int(size)
+
+
+# Smallest pvc size: its ext4 of its own (runtime/oci/pvcdisk.py) needs some metadata.
+MIN_PVC_STORAGE = 8 * 2**20
+
+
+def parse_pvc_storage(volume: str, value: str) -> int:
+    """A pvc volume's ``storage`` size (``"1Gi"``, ...), in bytes."""
+    try:
+        size = parse_quantity(value, "storage")
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"volume {volume!r}: pvc storage {value!r} is not a valid "
+                             "quantity (examples: '512Mi', '2Gi')",
+                             code="VOLUME::INVALID_PVC_STORAGE") from exc
+    if size < MIN_PVC_STORAGE:
+        raise InvalidRequest(f"volume {volume!r}: pvc storage must be at least 8Mi, got "
+                             f"{value!r}", code="VOLUME::INVALID_PVC_STORAGE")
+    return int(size)

@@ -421,7 +421,7 @@ class SandboxService:
             )
         caps = self.runtime.capabilities
         check_volumes(req.volumes, self.cfg.storage.allowed_host_paths, caps.volume_kinds,
-                      self.runtime.name, str(self.cfg.data_dir))
+                      self.runtime.name, str(self.cfg.data_dir), caps.pvc_size)
         if req.network_policy is not None and not caps.network_policy:
             raise InvalidRequest(
                 f"networkPolicy is not supported by the {self.runtime.name} runtime: it "

@@ -16,6 +16,7 @@ from typing import Any
 
 from sandlot.errors import InvalidRequest, Unsupported
 from sandlot.server import spec_parts
+from sandlot.server.quantity import parse_pvc_storage
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Paths sandlot itself mounts in every sandbox: a volume there would hide or replace them.
@@ -27,6 +28,13 @@ def _bad(code: str, message: str) -> InvalidRequest:
     return InvalidRequest(message, code=f"VOLUME::{code}")
 
 
+# Why a runtime cannot cap a pvc volume's size (``capabilities.pvc_size`` false).
+PVC_SIZE_WHY = {
+    "docker": (": its volumes are the engine's local-driver named volumes, which take a size "
+               "only as a tmpfs (memory, lost with the volume's last container) or on an "
+               "XFS data root with project quotas"),
+}
+
 OSSFS_WHY = ("sandlot mounts no object-storage file systems (no ossfs client, and it would "
              "hold cloud credentials on the host); use a host or pvc volume")
 
@@ -37,10 +45,12 @@ def check_volumes(
     supported_kinds: frozenset[str] = frozenset({"host", "pvc"}),
     runtime_name: str = "oci",
     data_dir: str | None = None,
+    pvc_size: bool = False,
 ) -> None:
     """Raise ``InvalidRequest``/``Unsupported`` for the first volume that cannot be served.
 
-    ``supported_kinds`` are the runtime's ``capabilities.volume_kinds``: another kind is 501.
+    ``supported_kinds`` are the runtime's ``capabilities.volume_kinds``: another kind is 501;
+    so is a pvc ``storage`` size unless the runtime enforces one (``capabilities.pvc_size``).
     """
     seen: set[str] = set()
     mount_paths: set[str] = set()
@@ -77,7 +87,7 @@ def check_volumes(
             check_host_path(name, backend.get("path"), v.get("subPath"), allowed_host_paths,
                             data_dir)
         elif kind == "pvc":
-            check_pvc(name, backend)
+            check_pvc(name, backend, pvc_size, runtime_name)
 
 
 def check_mount_path(name: str, mount_path: Any) -> str:
@@ -150,16 +160,21 @@ def check_host_path(
     return full
 
 
-def check_pvc(name: str, backend: dict[str, Any]) -> None:
+def check_pvc(name: str, backend: dict[str, Any], pvc_size: bool = False,
+              runtime_name: str = "oci") -> None:
     claim = backend.get("claimName")
     if not isinstance(claim, str) or not claim:
         raise _bad("INVALID_PVC_NAME", f"volume {name!r}: pvc claimName cannot be empty")
     if len(claim) > 253 or not DNS_LABEL.match(claim):
         raise _bad("INVALID_PVC_NAME", f"volume {name!r}: pvc claimName {claim!r} is not a "
                                        "DNS label (lowercase letters, digits and '-')")
-    if backend.get("storage") not in (None, ""):
+    if backend.get("storage") in (None, ""):
+        return
+    if not pvc_size:
         raise Unsupported(
-            f"volume {name!r}: pvc storage size {backend['storage']!r} cannot be enforced: "
-            "pvc volumes are directories in the server's data dir, with no size limit",
+            f"volume {name!r}: pvc storage size {backend['storage']!r} cannot be enforced by "
+            f"the {runtime_name} runtime{PVC_SIZE_WHY.get(runtime_name, '')}; leave storage "
+            "out for a volume without a size limit",
             code="VOLUME::UNSUPPORTED_BACKEND",
         )
+    parse_pvc_storage(name, str(backend["storage"]))

@@ -28,6 +28,17 @@ log = logging.getLogger(__name__)
 IMAGE_NAME = "rw.img"
 
 
+def mkfs_argv(image: Path) -> list[str]:
+    """A journal-less ext4 filling the sparse file ``image`` (root-owned root, no reserve)."""
+    return ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
+            "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0", str(image)]
+
+
+def mount_argv(image: Path, mount_point: Path) -> list[str]:
+    return ["mount", "-t", "ext4", "-o", "loop,nosuid,nodev,noatime", str(image),
+            str(mount_point)]
+
+
 async def mount_limited(root: Path, mount_point: Path, size: int) -> None:
     """Make a ``size``-byte ext4 at ``root/rw.img`` and loop-mount it on ``mount_point``."""
     image = root / IMAGE_NAME
@@ -36,16 +47,12 @@ async def mount_limited(root: Path, mount_point: Path, size: int) -> None:
         os.ftruncate(fd, size)  # sparse: blocks are only taken when written
     finally:
         os.close(fd)
-    mkfs = await run_tool([
-        "mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
-        "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0", str(image),
-    ], timeout=60)
+    mkfs = await run_tool(mkfs_argv(image), timeout=60)
     if not mkfs.ok:
         raise RuntimeFailure(f"cannot make the sandbox's {size}-byte file system: "
                              f"{mkfs.stderr.decode(errors='replace').strip()}")
     mount_point.mkdir(mode=0o700, exist_ok=True)
-    mnt = await run_tool(["mount", "-t", "ext4", "-o", "loop,nosuid,nodev,noatime",
-                          str(image), str(mount_point)], timeout=60)
+    mnt = await run_tool(mount_argv(image, mount_point), timeout=60)
     if not mnt.ok:
         raise RuntimeFailure(f"cannot mount the sandbox's file system: "
                              f"{mnt.stderr.decode(errors='replace').strip()}")
@@ -60,7 +67,7 @@ async def _direct_io(mount_point: Path) -> None:
     file's), and the second copy is not charged to the sandbox's memory cgroup. ``mount -o
     loop`` cannot ask for it; the attached device can be switched. Not fatal: only a cost.
     """
-    device = _source_of(mount_point)
+    device = source_of(mount_point)
     if device is None or not device.startswith("/dev/loop"):
         return
     res = await run_tool(["losetup", "--direct-io=on", device], timeout=30)
@@ -69,7 +76,7 @@ async def _direct_io(mount_point: Path) -> None:
                     res.stderr.decode(errors="replace").strip())
 
 
-def _source_of(mount_point: Path) -> str | None:
+def source_of(mount_point: Path) -> str | None:
     target = os.path.realpath(mount_point)
     with open("/proc/self/mountinfo") as fh:
         for line in fh:

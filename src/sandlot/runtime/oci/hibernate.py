@@ -4,7 +4,8 @@
 connections on them; SIGUSR2 through ``runsc kill``) and waits for execd's answer, a line
 ``sandlot-hibernation: ok`` (or the reason it cannot) on execd's stderr, which is the
 container log on the host. It then ``runsc checkpoint``s the container into ``<sandbox
-dir>/hibernate/`` (the sentry exits: its memory is freed) and deletes runsc's state of it.
+dir>/hibernate/`` (the sentry exits: its memory is freed) and, after answering, deletes
+runsc's state of it.
 ``restore`` starts it again from that image with ``runsc restore`` (processes, memory, open
 files and sockets as they were), tells execd to listen again (SIGUSR1) and waits for
 ``/ping``. The image on disk is all that is needed, so a hibernated sandbox survives a
@@ -39,6 +40,8 @@ IMAGE_FILE = "checkpoint.img"
 REASON = "hibernated"
 
 log = logging.getLogger(__name__)
+# Deferred ``runsc delete`` of just-checkpointed containers, by container id.
+_deleting: dict[str, asyncio.Task[None]] = {}
 
 
 def image_dir(p: SandboxPaths) -> Path:
@@ -94,10 +97,30 @@ async def hibernate(runc: Runc, container_id: str, p: SandboxPaths) -> None:
                              f"{exc.message}") from exc
     t_saved = time.perf_counter()
     (images / ".partial").unlink()
-    await runc.delete_force(container_id)  # the stopped container's state; the image stays
-    log.info("hibernated %s: signal %.0f ms, execd quiet %.0f ms, checkpoint %.0f ms, "
-             "delete %.0f ms", container_id, (t_kill - t0) * 1e3, (t_quiet - t_kill) * 1e3,
-             (t_saved - t_quiet) * 1e3, (time.perf_counter() - t_saved) * 1e3)
+    # The stopped container's state goes behind the answer: ``runsc delete`` waits for the
+    # sentry to exit (1-2 s of a loaded host), and the image is complete already. A restore
+    # (or the sandbox's deletion) waits for it first (``settle``).
+    _deleting[container_id] = asyncio.create_task(_delete_state(runc, container_id))
+    log.info("hibernated %s: signal %.0f ms, execd quiet %.0f ms, checkpoint %.0f ms",
+             container_id, (t_kill - t0) * 1e3, (t_quiet - t_kill) * 1e3,
+             (t_saved - t_quiet) * 1e3)
+
+
+async def _delete_state(runc: Runc, container_id: str) -> None:
+    t0 = time.perf_counter()
+    try:
+        await runc.delete_force(container_id)  # the image stays
+    except Exception:  # noqa: BLE001 - a restore removes what is left (remove_state)
+        log.exception("deleting the checkpointed container %s failed", container_id)
+    log.info("hibernated %s: runsc delete %.0f ms (after the answer)", container_id,
+             (time.perf_counter() - t0) * 1e3)
+
+
+async def settle(container_id: str) -> None:
+    """Wait for the deferred ``runsc delete`` of a just-hibernated container, if any."""
+    task = _deleting.pop(container_id, None)
+    if task is not None:
+        await asyncio.shield(task)
 
 
 async def restore(
@@ -105,8 +128,10 @@ async def restore(
 ) -> None:
     """Start a hibernated container again from its image and wait for execd."""
     images = image_dir(p)
-    runc.remove_state(container_id)
     t0 = time.perf_counter()
+    await settle(container_id)
+    runc.remove_state(container_id)
+    t_settled = time.perf_counter()
     await runc.restore(container_id, p.bundle, images, p.container_log, p.runc_log)
     t_restored = time.perf_counter()
     await runc.kill(container_id, RELISTEN_SIGNAL)
@@ -114,6 +139,7 @@ async def restore(
     await execd_client.wait_ready(connect, None, READY_TIMEOUT)
     t_ping = time.perf_counter()
     shutil.rmtree(images, ignore_errors=True)
-    log.info("restored %s: restore %.0f ms, signal %.0f ms, execd answers %.0f ms",
-             container_id, (t_restored - t0) * 1e3, (t_kill - t_restored) * 1e3,
+    log.info("restored %s: waited for delete %.0f ms, restore %.0f ms, signal %.0f ms, "
+             "execd answers %.0f ms", container_id, (t_settled - t0) * 1e3,
+             (t_restored - t_settled) * 1e3, (t_kill - t_restored) * 1e3,
              (t_ping - t_kill) * 1e3)

@@ -205,6 +205,7 @@ class OciRuntime(Runtime):
             isolation=self.binary.isolation,
             platforms=frozenset({HOST_PLATFORM}), network_policy=not host_network,
             volume_kinds=frozenset({"host", "pvc"}), disk_limit=True,
+            pvc_size=True,
         )
         self.allowed_host_paths = list(allowed_host_paths or [])
         self.pvcs = volumes.PvcStore(data_dir / "volumes")
@@ -533,6 +534,7 @@ class OciRuntime(Runtime):
     async def _teardown(self, sandbox_id: str) -> None:
         """Remove every trace of a container, whatever state a crash left it in."""
         p = SandboxPaths.of(self.data_dir, sandbox_id)
+        await hibernate.settle(sandbox_id)  # a just-hibernated one's deferred runsc delete
         await asyncio.to_thread(cgroups.kill_all, sandbox_id)
         await self.runc.delete_force(sandbox_id)
         await asyncio.to_thread(cgroups.remove_sandbox_cgroups, sandbox_id)
@@ -649,11 +651,15 @@ class OciRuntime(Runtime):
     async def inspect(self, sandbox_id: str) -> ContainerInfo:
         _check_id(sandbox_id)
         st = await self.runc.state(self.container_id(sandbox_id))
+        state = (_STATES.get(st.get("status", ""), ContainerState.STOPPED) if st is not None
+                 else ContainerState.MISSING)
+        # checkpointed: its stopped container may still be there (hibernate deletes it
+        # after answering)
+        if (state in (ContainerState.MISSING, ContainerState.STOPPED) and self.gvisor
+                and hibernate.is_hibernated(self.paths(sandbox_id))):
+            return ContainerInfo(sandbox_id, ContainerState.PAUSED, reason=hibernate.REASON)
         if st is None:
-            if self.gvisor and hibernate.is_hibernated(self.paths(sandbox_id)):
-                return ContainerInfo(sandbox_id, ContainerState.PAUSED, reason=hibernate.REASON)
             return ContainerInfo(sandbox_id, ContainerState.MISSING)
-        state = _STATES.get(st.get("status", ""), ContainerState.STOPPED)
         pid = st.get("pid") or None
         return ContainerInfo(sandbox_id, state, pid=pid if state != ContainerState.STOPPED
                              else None)

@@ -7,10 +7,12 @@ follows is never one a sandbox can redirect, and the sandbox's teardown (which u
 everything below its folder) removes the staged mounts with the rest.
 
 pvc volumes are directories ``data_dir/volumes/<claim>/data`` (parents 0700, so only root on
-the host reaches them) shared by every sandbox naming the claim. Who uses a claim is kept on
-disk (``users/<container id>``), so a restart loses nothing; a claim created by a request with
-``deleteOnSandboxTermination`` is removed when its last user ends (claims that existed before
-are never removed, as upstream). A file lock serialises use and removal across processes.
+the host reaches them) shared by every sandbox naming the claim; a claim made with a
+``storage`` size is a file system of that size mounted there (``pvcdisk``). Who uses a
+claim is kept on disk (``users/<container id>``), so a restart loses nothing; a claim
+created by a request with ``deleteOnSandboxTermination`` is removed when its last user
+ends (claims that existed before are never removed, as upstream). A file lock serialises
+use and removal across processes.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandlot.errors import InvalidRequest
+from sandlot.errors import Conflict, InvalidRequest
 from sandlot.runtime.base import VolumeSpec
 from sandlot.runtime.hostpath import PathEscape, fd_path, open_beneath
-from sandlot.runtime.oci import mounts
+from sandlot.runtime.oci import mounts, pvcdisk
+from sandlot.server.quantity import parse_pvc_storage
 
 MS_BIND = 0x1000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -43,6 +46,12 @@ def _bad(code: str, message: str) -> InvalidRequest:
 class StagedVolume:
     spec: VolumeSpec
     staged: Path  # the bind mount below the sandbox folder that config.json names
+
+
+def pvc_size(v: VolumeSpec) -> int | None:
+    """The ``storage`` size a pvc volume asks for, in bytes (None: no limit)."""
+    raw = v.options.get("storage")
+    return parse_pvc_storage(v.name, str(raw)) if raw not in (None, "") else None
 
 
 class PvcStore:
@@ -72,7 +81,10 @@ class PvcStore:
         return self.data_dir(claim).is_dir()
 
     def check(self, v: VolumeSpec) -> None:
-        """A missing claim that may not be made, or a subPath through a link: 400."""
+        """A missing claim that may not be made, a size other than an existing claim's (409),
+        or a subPath through a link: 400."""
+        if self.exists(v.source):
+            self._check_size(self.root / v.source, pvc_size(v), v.name)
         if not self.exists(v.source):
             if not v.options.get("createIfNotExists", True):
                 raise _bad("PVC_NOT_FOUND", f"volume {v.name!r}: pvc {v.source!r} does not "
@@ -89,8 +101,9 @@ class PvcStore:
                                            f"{exc.strerror}") from exc
 
     def acquire(self, claim: str, user: str, *, create: bool, delete_when_unused: bool,
-                volume_name: str) -> Path:
-        """Record ``user`` as a user of ``claim`` (made if missing and ``create``)."""
+                volume_name: str, size: int | None = None) -> Path:
+        """Record ``user`` as a user of ``claim`` (made if missing and ``create``, on a file
+        system of its own of ``size`` bytes when a size is asked: ``pvcdisk``)."""
         with self._locked():
             base = self.root / claim
             if not self.data_dir(claim).is_dir():
@@ -98,17 +111,49 @@ class PvcStore:
                     raise _bad("PVC_NOT_FOUND",
                                f"volume {volume_name!r}: pvc {claim!r} does not exist and "
                                "createIfNotExists is false")
-                base.mkdir(mode=0o700, exist_ok=True)
-                (base / "users").mkdir(mode=0o700, exist_ok=True)
-                meta = {"created_by": user, "deleteOnSandboxTermination": delete_when_unused}
-                (base / "meta.json").write_text(json.dumps(meta))
-                # The volume's own root: world-searchable like a fresh docker volume, owned by
-                # root, so root in a sandbox (uid 0 on the host without a user namespace)
-                # writes to it; see docs/volumes.md for ownership.
-                self.data_dir(claim).mkdir(mode=0o755)
+                self._make(base, user, delete_when_unused, size)
+            else:
+                self._check_size(base, size, volume_name)
+                if pvcdisk.image_of(base).exists():
+                    pvcdisk.ensure_mounted(base, self.data_dir(claim))
             (base / "users").mkdir(mode=0o700, exist_ok=True)
             (base / "users" / user).touch(mode=0o600)
             return self.data_dir(claim)
+
+    def _make(self, base: Path, user: str, delete_when_unused: bool, size: int | None) -> None:
+        base.mkdir(mode=0o700, exist_ok=True)
+        (base / "users").mkdir(mode=0o700, exist_ok=True)
+        meta = {"created_by": user, "deleteOnSandboxTermination": delete_when_unused,
+                "storage": size}
+        (base / "meta.json").write_text(json.dumps(meta))
+        # The volume's own root: world-searchable like a fresh docker volume, owned by
+        # root, so root in a sandbox (uid 0 on the host without a user namespace)
+        # writes to it; see docs/volumes.md for ownership.
+        data = self.data_dir(base.name)
+        data.mkdir(mode=0o755)
+        if size is None:
+            return
+        try:
+            pvcdisk.make(base, data, size)
+        except BaseException:
+            self._remove(base)  # no half-made claim: the next request makes it afresh
+            raise
+
+    def _check_size(self, base: Path, size: int | None, volume_name: str) -> None:
+        """A size asked of an existing claim must be the one it was made with: it is not
+        resized, and quietly using another size would break the request's promise."""
+        if size is None:
+            return
+        made_with = self._meta(base).get("storage")
+        if made_with != size:
+            have = f"{made_with} bytes" if made_with else "no size limit"
+            raise Conflict(f"volume {volume_name!r}: pvc {base.name!r} exists with {have}; "
+                           f"storage {size} bytes applies only when a claim is made",
+                           code="VOLUME::PVC_SIZE_MISMATCH")
+
+    def _remove(self, base: Path) -> None:
+        pvcdisk.unmount(self.data_dir(base.name))
+        shutil.rmtree(base)
 
     def release(self, user: str) -> list[str]:
         """Forget ``user`` everywhere; remove claims it was the last user of that asked for it.
@@ -127,7 +172,7 @@ class PvcStore:
                 if any((base / "users").iterdir()):
                     continue
                 if self._meta(base).get("deleteOnSandboxTermination"):
-                    shutil.rmtree(base)
+                    self._remove(base)
                     removed.append(base.name)
         return removed
 
@@ -187,7 +232,7 @@ def stage(volumes: list[VolumeSpec], sandbox_root: Path, container_id: str,
                 v.source, container_id,
                 create=bool(v.options.get("createIfNotExists", True)),
                 delete_when_unused=bool(v.options.get("deleteOnSandboxTermination", False)),
-                volume_name=v.name))
+                volume_name=v.name, size=pvc_size(v)))
             rel = sub
         else:
             raise _bad("UNSUPPORTED_BACKEND", f"volume {v.name!r}: {v.kind} volumes are not "
