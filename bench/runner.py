@@ -28,10 +28,9 @@ from bench.server import (
     reap_leftovers,
 )
 
-# Benchmarks that need longer than one bench's bound: density's many sandboxes, kubernetes'
-# image loading into the node and its two servers (cold, then warm Pods).
-# Benchmarks that need more than one benchmark's share of the time: density, network (four
-# servers of its own) and kubernetes (Pods on a cluster).
+# Benchmarks that need longer than one bench's bound: density's many sandboxes, network's four
+# servers of its own, kubernetes' image loading into the node and its two servers (cold, then
+# warm Pods).
 _SLOW = {"density": 2.5, "network": 2.0, "kubernetes": 6.0}
 
 
