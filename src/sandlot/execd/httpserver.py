@@ -70,8 +70,10 @@ class HttpServer:
         keep_alive_timeout: float = 75.0,
         shutdown_grace: float = 1.0,
         ws_ping_interval: float | None = 30.0,
+        ws_max_size: int = WS_MAX_SIZE,
     ) -> None:
         self.app = app
+        self.ws_max_size = ws_max_size
         self.header_timeout = header_timeout
         self.body_idle_timeout = body_idle_timeout
         self.keep_alive_timeout = keep_alive_timeout
@@ -551,7 +553,7 @@ class _WebSocket:
 
         self.conn = conn
         self.request = request
-        self.proto = ServerProtocol(max_size=WS_MAX_SIZE)
+        self.proto = ServerProtocol(max_size=conn.server.ws_max_size)
         # The protocol parses the handshake request itself (its parser then goes on with the
         # frames): hand it the head h11 has parsed, as bytes.
         head = b"".join([b"GET ", bytes(request.target), b" HTTP/1.1\r\n",
