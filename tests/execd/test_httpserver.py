@@ -258,3 +258,37 @@ async def test_listeners_close_and_reopen_and_connections_reset(
     await server.listen([sock])
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
         assert (await c.get("/again")).text == "GET /again 0"
+
+
+async def test_an_endless_starlette_stream_stops_when_the_client_goes() -> None:
+    """Starlette's StreamingResponse learns of the disconnect from receive() (ASGI 2.3)."""
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    stopped = asyncio.Event()
+
+    async def endless() -> AsyncIterator[bytes]:
+        try:
+            while True:
+                yield b"tick\n"
+                await asyncio.sleep(0.01)
+        finally:
+            stopped.set()
+
+    async def route(_request: Any) -> StreamingResponse:
+        return StreamingResponse(endless())
+
+    server = HttpServer(Starlette(routes=[Route("/s", route)]))
+    sock = _listener()
+    task = asyncio.create_task(server.serve([sock]))
+    await asyncio.wait_for(server.started.wait(), 10)
+    try:
+        reader, writer = await asyncio.open_connection(*sock.getsockname())
+        writer.write(b"GET /s HTTP/1.1\r\nHost: x\r\n\r\n")
+        await reader.readuntil(b"tick\n")
+        writer.close()
+        await asyncio.wait_for(stopped.wait(), CLOSE_WITHIN)
+    finally:
+        server.request_exit()
+        await asyncio.wait_for(task, 10)

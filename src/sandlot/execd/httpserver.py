@@ -418,7 +418,9 @@ class _Connection(asyncio.Protocol):
         client = self.peer if isinstance(self.peer, tuple) else None
         return {
             "type": kind,
-            "asgi": {"version": "3.0", "spec_version": "2.4"},
+            # 2.3: a send after the client has gone is dropped (2.4 would raise OSError);
+            # Starlette then watches for ``http.disconnect``, which receive() gives.
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": request.http_version.decode(),
             "scheme": "ws" if kind == "websocket" else "http",
             "method": request.method.decode(),
