@@ -12,14 +12,16 @@ import shutil
 import time
 from pathlib import Path
 
+import httpx
 from opensandbox.models.filesystem import DirectoryListEntry
 
 from bench.env import BenchEnv
 from bench.results import Measured, Row, Target, ms
+from sandlot.execd.protocol import DEFAULT_PORT as EXECD_PORT
 
 BENCH = "files"
 KEYS = ("files.upload_small", "files.download_small", "files.upload_large",
-        "files.download_large", "files.list_dir")
+        "files.download_large", "files.list_dir", "files.list_dir_http")
 SMALL = 1 << 20
 LARGE_BUDGET = 60.0  # seconds; after that no further 1 GiB round
 REMOTE_DIR = "/tmp"
@@ -85,6 +87,7 @@ async def run(env: BenchEnv) -> list[Row]:
     up_l: list[float] = []
     down_l: list[float] = []
     listing: list[float] = []
+    listing_http: list[float] = []
     listed = 0
     sandbox, _ = await env.sandboxes.create()
     try:
@@ -129,6 +132,18 @@ async def run(env: BenchEnv) -> list[Row]:
             entries = await fs.list_directory(DirectoryListEntry(path=remote_dir, depth=1))
             listing.append(time.perf_counter() - t0)
             listed = len(entries)
+        # The same listing as raw HTTP (the response body read, not parsed): execd's and the
+        # proxy path's share, apart from the SDK's own parsing of the entries.
+        endpoint = await sandbox.get_endpoint(EXECD_PORT)
+        async with httpx.AsyncClient(headers=endpoint.headers, timeout=60.0) as client:
+            url = f"http://{endpoint.endpoint}/directories/list"
+            params = {"path": remote_dir, "depth": "1"}
+            await client.get(url, params=params)  # warm-up (connection)
+            for _ in range(sc.dir_runs):
+                t0 = time.perf_counter()
+                response = await client.get(url, params=params)
+                listing_http.append(time.perf_counter() - t0)
+                response.raise_for_status()
     finally:
         await env.sandboxes.delete(sandbox)
 
@@ -157,4 +172,8 @@ async def run(env: BenchEnv) -> list[Row]:
             sandlot=Measured("sandlot", ms(listing)),
             baselines=[Measured("scandir+stat", ms(host_list))],
             note=f"{listed} entries returned"),
+        Row(key="files.list_dir_http", bench=BENCH,
+            label=f"list directory of {sc.dir_entries:,} entries, raw HTTP (no SDK parse)",
+            unit="ms", sandlot=Measured("sandlot", ms(listing_http)),
+            baselines=[Measured("scandir+stat", ms(host_list))]),
     ]

@@ -1,4 +1,5 @@
-"""Deadlines for slow HTTP clients, for every uvicorn sandlot runs (the API server and execd).
+"""Deadlines for slow HTTP clients, for the uvicorn the API server runs (execd has its own
+HTTP layer with the same deadlines, ``sandlot.execd.httpserver``).
 
 uvicorn bounds only the wait between two requests of a kept-alive connection: a client that
 connects and sends nothing, or trickles its request head a byte at a time (slowloris), or

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import errno
 import grp
+import json
 import os
 import pwd
 import re
 import shutil
 import stat
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -168,6 +169,37 @@ def file_info(path: str, st: os.stat_result | None = None) -> dict[str, Any]:
         "group": group_name(st.st_gid),
         "mode": mode_digits(st.st_mode),
     }
+
+
+_json_text = json.JSONEncoder(ensure_ascii=False).encode  # a str's JSON literal
+
+
+@lru_cache(maxsize=4096)
+def _type_field(st_mode: int) -> str:
+    return f'"type":"{entry_type(st_mode)}"'
+
+
+@lru_cache(maxsize=1024)
+def _owner_fields(uid: int, gid: int) -> str:
+    return f'"owner":{_json_text(user_name(uid))},"group":{_json_text(group_name(gid))}'
+
+
+def listing_json(entries: Iterable[tuple[str, os.stat_result]]) -> bytes:
+    """The JSON array of ``file_info`` of each entry, written as text directly.
+
+    A 10,000-entry listing spent two thirds of its time building a dict per entry and in
+    the generic JSON encoder (py-spy, docs/benchmarks.md); only the path and the names need
+    escaping, the other fields are numbers and fixed ASCII. Same bytes as
+    ``json.dumps([file_info(...)], ensure_ascii=False, separators=(",", ":"))``.
+    """
+    iso = _iso_ns
+    parts = [
+        f'{{"path":{_json_text(path)},{_type_field(st.st_mode)},"size":{st.st_size},'
+        f'"modified_at":"{iso(st.st_mtime_ns)}","created_at":"{iso(st.st_ctime_ns)}",'
+        f'{_owner_fields(st.st_uid, st.st_gid)},"mode":{mode_digits(st.st_mode)}}}'
+        for path, st in entries
+    ]
+    return ("[" + ",".join(parts) + "]").encode()
 
 
 def apply_owner(path: str, owner: Any, group: Any) -> None:
@@ -407,10 +439,10 @@ class FileRoutes:
         if not stat.S_ISDIR(st.st_mode):
             raise bad_request(f"path is not a directory: {path}")
         try:
-            entries = [file_info(p, s) for p, s in walk(path, max_depth=depth)]
+            body = listing_json(walk(path, max_depth=depth))
         except OSError as exc:
             raise failure("error listing directory", raw, exc.strerror or str(exc)) from None
-        return JSON(entries)
+        return Response(body, media_type="application/json")
 
     async def make_dirs(self, request: Request) -> Response:
         body = expect_object(await json_body(request))

@@ -19,11 +19,11 @@ import contextlib
 import os
 import signal
 import socket
-import struct
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from sandlot.execd.httpserver import HttpServer
 
 ANSWER_PREFIX = "sandlot-hibernation: "  # runtime/oci/hibernate.py reads it
 CLOSE_GRACE = 0.5  # seconds for busy connections to finish before they are cut
@@ -90,7 +90,7 @@ class Hibernation:
     """Installs the SIGUSR2/SIGUSR1 handlers on execd's loop (see module docstring)."""
 
     def __init__(
-        self, server: Any, addresses: list[str], make_socket: Callable[[str], socket.socket]
+        self, server: HttpServer, addresses: list[str], make_socket: Callable[[str], socket.socket]
     ) -> None:
         self.server = server
         self.addresses = addresses
@@ -113,23 +113,12 @@ class Hibernation:
             if reasons:
                 self._answer("refused: " + "; ".join(reasons))
                 return
-            for srv in self.server.servers:
-                srv.close()
-            self.server.servers.clear()
+            self.server.close_listeners()
             self.listening = False
-            for conn in list(self.server.server_state.connections):
-                transport = getattr(conn, "transport", None)
-                if transport is None:
-                    continue
-                sock = transport.get_extra_info("socket")
-                if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-                    with contextlib.suppress(OSError):
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                        struct.pack("ii", 1, 0))
-                transport.abort()
+            self.server.reset_connections()
             loop = asyncio.get_running_loop()
             deadline = loop.time() + CLOSE_GRACE
-            while self.server.server_state.connections and loop.time() < deadline:
+            while self.server.connections and loop.time() < deadline:
                 await asyncio.sleep(0.01)
             self._answer("ok")
 
@@ -137,18 +126,5 @@ class Hibernation:
         async with self._busy:
             if self.listening:
                 return
-            config = self.server.config
-            server_state = self.server.server_state
-            app_state = self.server.lifespan.state
-
-            def protocol() -> asyncio.Protocol:
-                proto: asyncio.Protocol = config.http_protocol_class(
-                    config=config, server_state=server_state, app_state=app_state)
-                return proto
-
-            loop = asyncio.get_running_loop()
-            for addr in self.addresses:
-                srv = await loop.create_server(protocol, sock=self.make_socket(addr),
-                                               backlog=config.backlog)
-                self.server.servers.append(srv)
+            await self.server.listen([self.make_socket(addr) for addr in self.addresses])
             self.listening = True

@@ -192,34 +192,23 @@ async def _serve(
 
         extensions.append(ClaimExtension(settings, on_claim))
     app = build_app(settings, extensions=extensions)
-    import uvicorn
-
-    from sandlot.http_deadlines import deadline_protocol
+    from sandlot.execd.httpserver import HttpServer
 
     _configure_logging(ns.log_level)
-    config = uvicorn.Config(
+    server = HttpServer(
         app,
-        http=deadline_protocol(HEADER_TIMEOUT, BODY_IDLE_TIMEOUT),
-        log_config=None,  # see _configure_logging
-        log_level=ns.log_level,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=1,
-        timeout_keep_alive=ns.keep_alive_timeout,
-        ws=_websocket_protocol,  # type: ignore[arg-type]  # a factory: see _websocket_protocol
-        ws_ping_interval=30,
-        server_header=False,
+        header_timeout=HEADER_TIMEOUT,
+        body_idle_timeout=BODY_IDLE_TIMEOUT,
+        keep_alive_timeout=ns.keep_alive_timeout,
+        shutdown_grace=1.0,
+        ws_ping_interval=30.0,
     )
-    server = uvicorn.Server(config)
     loop = asyncio.get_running_loop()
 
     def on_term(sig: int) -> None:
         procs.REAPER.kill_all(signal.SIGKILL)
-        server.should_exit = True  # graceful: lifespan shutdown cleans sessions and journals
+        server.request_exit()  # graceful: lifespan shutdown cleans sessions and journals
 
-    # While it serves, uvicorn takes SIGINT and SIGTERM for its graceful exit (the lifespan
-    # shutdown ends the commands; whatever is left is killed when serve returns) and then
-    # hands them back to these handlers, re-raising what it caught. SIGHUP stays execd's.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, on_term, sig)
     from sandlot.execd.hibernation import Hibernation
@@ -243,11 +232,8 @@ async def _serve(
 
 
 def _configure_logging(level: str) -> None:
-    """One stderr handler for execd's and uvicorn's loggers.
-
-    In place of uvicorn's own ``dictConfig`` set-up (``log_config=None``): execd's log is the
-    container's stderr, capped below.
-    """
+    """One stderr handler for execd's loggers: execd's log is the container's stderr,
+    capped below."""
     import logging
 
     logging.basicConfig(
@@ -286,8 +272,7 @@ def _raise_fd_limit() -> None:
 
 async def _after_start(server: Any, then: Any) -> None:
     """Run ``then()`` once the server listens (heavy work must not delay the first /ping)."""
-    while not server.started:
-        await asyncio.sleep(0.005)
+    await server.started.wait()
     then()
 
 
@@ -297,8 +282,7 @@ async def _start_entrypoint(
     from sandlot.execd import procs
     from sandlot.execd.cappedlog import CappedLog, copy_pipe_into
 
-    while not server.started:
-        await asyncio.sleep(0.005)
+    await server.started.wait()
     if not log_path:
         null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         try:
@@ -333,15 +317,3 @@ async def _start_entrypoint(
             ending.write(line.encode())
             ending.close()
 
-
-def _websocket_protocol(**kwargs: Any) -> Any:
-    """uvicorn's WebSocket protocol (what ``ws="auto"`` picks), imported on the first upgrade.
-
-    Only the PTY attach route speaks WebSocket; importing the protocol (the websockets
-    package, importlib.metadata) at start-up would cost every sandbox ~10 ms and ~1 MB.
-    """
-    from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
-
-    if AutoWebSocketsProtocol is None:  # pragma: no cover - the bundle ships websockets
-        raise RuntimeError("execd: no WebSocket library (websockets or wsproto) is installed")
-    return AutoWebSocketsProtocol(**kwargs)

@@ -40,6 +40,7 @@ from sandlot.errors import (
 )
 from sandlot.images.model import Image
 from sandlot.runtime import cgroupstats, execd_client
+from sandlot.runtime.admission import StartGate
 from sandlot.runtime.base import (
     ContainerInfo,
     ContainerState,
@@ -73,6 +74,8 @@ from sandlot.runtime.logtail import cut_to_line
 from sandlot.runtime.oci import pool
 from sandlot.runtime.oci.netns import NetnsConnector
 
+# How long a cold create holds its start slot waiting for execd's first /ping.
+STARTED_WAIT = 30.0
 log = logging.getLogger(__name__)
 
 _ARCHES = {"x86_64": "amd64", "aarch64": "arm64"}
@@ -104,9 +107,12 @@ class DockerRuntime(Runtime):
     def __init__(
         self, engine: Engine, plan: Plan, ports: HostPortAllocator, data_dir: Path,
         warm_pool_size: int = 0, warm_pool_images: list[str] | None = None,
-        allowed_host_paths: list[str] | None = None,
+        allowed_host_paths: list[str] | None = None, max_concurrent_starts: int = 0,
     ) -> None:
         self.engine = engine
+        # Cold starts and warm refills queue here as on the OCI backend (admission.py): a
+        # burst runs a few container starts (and execd start-ups) at a time.
+        self.starts = StartGate(max_concurrent_starts)
         self.plan = plan
         self.ports = ports
         self.data_dir = data_dir
@@ -152,7 +158,8 @@ class DockerRuntime(Runtime):
                         security_opt=security_opt, swap_limit=bool(info.get("SwapLimit")),
                         engine_runtime=engine_runtime)
             rt = cls(engine, plan, ports, cfg.data_dir, cfg.runtime.warm_pool_size,
-                     cfg.runtime.warm_pool_images, cfg.storage.allowed_host_paths)
+                     cfg.runtime.warm_pool_images, cfg.storage.allowed_host_paths,
+                     cfg.runtime.max_concurrent_starts)
             await rt._adopt_host_ports()
             if rt._own_pool():
                 await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
@@ -168,17 +175,33 @@ class DockerRuntime(Runtime):
 
     async def create(self, spec: SandboxSpec, progress: Progress | None = None) -> CreateResult:
         _check_spec(spec)
-        async with self._locks[spec.sandbox_id]:
-            if await self._attrs(spec.sandbox_id) is not None:
-                raise Conflict(f"sandbox {spec.sandbox_id} already exists")
-            image = await self._image_of(spec, progress)
-            # A warm container's mounts and image are fixed: volumes and snapshots start cold.
-            poolable = not spec.volumes and spec.snapshot_id is None
-            taken = self.pool.take(_pool_key(spec.image.reference, image)) if poolable else None
-            if taken is not None and await self._claim(spec, image, taken):
-                return CreateResult(execd_ready=True)  # its execd has just answered the claim
-            await self._start(spec, image)
-        return CreateResult(execd_ready=False)
+        async with contextlib.AsyncExitStack() as slot:
+            async with self._locks[spec.sandbox_id]:
+                if await self._attrs(spec.sandbox_id) is not None:
+                    raise Conflict(f"sandbox {spec.sandbox_id} already exists")
+                image = await self._image_of(spec, progress)
+                # A warm container's mounts and image are fixed: volumes and snapshots start
+                # cold.
+                poolable = not spec.volumes and spec.snapshot_id is None
+                taken = (self.pool.take(_pool_key(spec.image.reference, image)) if poolable
+                         else None)
+                if taken is not None and await self._claim(spec, image, taken):
+                    return CreateResult(execd_ready=True)  # its execd has just answered
+                await slot.enter_async_context(self.starts.slot())
+                await self._start(spec, image)
+            # Still in the slot (execd's start-up is most of a start's CPU), no longer holding
+            # the sandbox's lock: a delete need not wait for the start-up.
+            return CreateResult(execd_ready=await self._wait_started(spec))
+
+    async def _wait_started(self, spec: SandboxSpec) -> bool:
+        """Until the new sandbox's execd answers ``/ping`` (True), or give up waiting (False:
+        the server's own wait then decides, with its longer timeout and its error)."""
+        try:
+            await execd_client.wait_ready(self._execd_connect(spec.sandbox_id),
+                                          spec.execd_token, STARTED_WAIT)
+        except Exception:  # noqa: BLE001 - e.g. deleted meanwhile: the server's wait reports it
+            return False
+        return True
 
     async def _image_of(self, spec: SandboxSpec, progress: Progress | None) -> images.EngineImage:
         if spec.snapshot_id is None:
@@ -480,8 +503,10 @@ class DockerRuntime(Runtime):
         if found is None:
             raise RuntimeFailure(f"image {image.name} is gone from the Docker engine")
         try:
-            await self._start(spec, found, pooled=True)
-            await execd_client.wait_ready(self._execd_connect(key), None, pool.READY_TIMEOUT)
+            async with self.starts.slot(background=True):  # after every waiting request
+                await self._start(spec, found, pooled=True)
+                await execd_client.wait_ready(self._execd_connect(key), None,
+                                              pool.READY_TIMEOUT)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._remove(key)

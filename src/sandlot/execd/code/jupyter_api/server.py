@@ -19,6 +19,7 @@ import contextlib
 import hmac
 import json
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -211,7 +212,7 @@ class JupyterApiServer:
         self._task = task
 
     def close(self) -> None:
-        self._server.should_exit = True
+        self._server.request_exit()
 
     async def wait_closed(self) -> None:
         with contextlib.suppress(BaseException):
@@ -225,29 +226,36 @@ async def serve_jupyter_api(
     service: CodeService, port: int, execd_token: str | None,
     settings: JupyterApiSettings | None = None,
 ) -> JupyterApiServer | None:
-    """Start serving on 127.0.0.1:``port``; None when the port cannot be had."""
-    import uvicorn
+    """Start serving on 127.0.0.1:``port``; None when the port cannot be had.
+
+    Served by execd's own HTTP layer (``sandlot.execd.httpserver``), as execd's API is: no
+    housekeeping tick while idle, no signal capture (execd's handlers stay in charge)."""
+    from sandlot.execd.httpserver import HttpServer
 
     settings = settings or JupyterApiSettings.from_env()
     tokens = (*([jupyter_token(execd_token)] if execd_token else []), *settings.extra_tokens)
     if not tokens:
         log.warning("Jupyter API on port %d has no token: open to anyone who reaches it", port)
     api = JupyterApi(service, settings, tokens)
-
-    config = uvicorn.Config(api.app, host="127.0.0.1", port=port, log_config=None,
-                            log_level="warning", access_log=False, lifespan="off",
-                            ws="auto", ws_max_size=64 << 20, server_header=False)
-    # uvicorn takes SIGINT/SIGTERM while this serves and, once it stops, hands them back to
-    # execd's own server (started first, stopped last), re-raising what it caught: a SIGTERM
-    # ends both.
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            with contextlib.suppress(BaseException):
-                task.result()
-            log.warning("Jupyter API not served on 127.0.0.1:%d (port taken?)", port)
-            return None
-        await asyncio.sleep(0.01)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        log.warning("Jupyter API not served on 127.0.0.1:%d: %s", port, exc)
+        return None
+    server = HttpServer(api.app, keep_alive_timeout=5.0, ws_max_size=64 << 20)
+    task = asyncio.create_task(server.serve([sock]))
+    started = asyncio.ensure_future(server.started.wait())
+    await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
+    if not server.started.is_set():
+        started.cancel()
+        with contextlib.suppress(BaseException):
+            task.result()
+        log.warning("Jupyter API not served on 127.0.0.1:%d", port)
+        return None
     api.registry.start_culling()
     return JupyterApiServer(api, server, task)
