@@ -45,19 +45,13 @@ def waiter_binary() -> str | None:
 
 
 def waiter_process(execd_process: dict[str, Any]) -> dict[str, Any]:
-    """runc's ``process`` for the waiter: no capabilities, same limits and hardening."""
-    return {
-        "terminal": False,
-        "user": {"uid": 0, "gid": 0},
-        "args": [WAITER_PATH, "-P"],
-        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
-        "cwd": "/",
-        "capabilities": {"bounding": [], "effective": [], "permitted": []},
-        "rlimits": execd_process.get("rlimits", []),
-        "noNewPrivileges": True,
-        **({"oomScoreAdj": execd_process["oomScoreAdj"]}
-           if "oomScoreAdj" in execd_process else {}),
-    }
+    """runc's ``process`` for the waiter: execd's, with the waiter's command.
+
+    Same user, capabilities, environment, limits and hardening: ``runc exec`` takes its
+    defaults from this object, so a process run that way still gets what execd's children
+    get (as before the zygote).
+    """
+    return {**execd_process, "args": [WAITER_PATH, "-P"]}
 
 
 def use_waiter(config: dict[str, Any], waiter: str) -> dict[str, Any]:
