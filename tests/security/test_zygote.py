@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from sandlot.config import Config
 from sandlot.errors import RuntimeFailure
@@ -33,6 +34,30 @@ NAMESPACES = ("net", "user", "mnt", "ipc", "uts", "cgroup", "pid")
 STATUS_KEYS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp",
                "Seccomp_filters", "Groups")
 HOST_MARKER = "SANDLOT_ZYGOTE_TEST_HOST_SECRET"
+
+
+def test_the_config_key_is_honoured_and_checked(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text('[runtime]\nexecd_launch = "exec"\n')
+    cfg = Config.load(cfg_file)
+    assert cfg.runtime.execd_launch == "exec"
+    assert not any("execd_launch" in w for w in cfg.warnings())
+    with pytest.raises(ValidationError, match="execd_launch"):
+        Config.model_validate({"runtime": {"execd_launch": "vfork"}})
+
+
+def test_the_waiter_keeps_execds_process_defaults() -> None:
+    """runc exec takes its defaults from config.json's process: they stay execd's."""
+    config = {"process": {"args": ["python3", "-m", "sandlot.execd"], "env": ["A=1"],
+                          "capabilities": {"bounding": ["CAP_KILL"]}, "cwd": "/w"},
+              "linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW"}}, "mounts": []}
+    plan = ocizygote.use_waiter(config, "/usr/bin/catatonit")
+    assert plan["process"]["args"][-1] == "sandlot.execd"
+    assert config["process"]["args"] == [ocizygote.WAITER_PATH, "-P"]
+    assert {k: v for k, v in config["process"].items() if k != "args"} == \
+        {k: v for k, v in plan["process"].items() if k != "args"}
+    (mount,) = config["mounts"]
+    assert mount["destination"] == ocizygote.WAITER_PATH and "ro" in mount["options"]
 
 
 async def open_with(data_dir: Path, launch: str) -> OciRuntime:
