@@ -18,6 +18,7 @@ from sandlot.config import Config
 from sandlot.errors import RuntimeFailure
 from sandlot.images.model import Image
 from sandlot.runtime.base import ContainerState
+from sandlot.runtime.execd_bundle import ExecdBundle
 from sandlot.runtime.oci import OciRuntime, claimops
 from sandlot.runtime.oci import zygote as ocizygote
 from tests.runtime.helpers import (
@@ -58,6 +59,22 @@ def test_the_waiter_keeps_execds_process_defaults() -> None:
         {k: v for k, v in plan["process"].items() if k != "args"}
     (mount,) = config["mounts"]
     assert mount["destination"] == ocizygote.WAITER_PATH and "ro" in mount["options"]
+
+
+async def test_a_host_without_its_parts_keeps_the_runc_start(
+    zygote_rt: OciRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rt_image: Image
+) -> None:
+    assert ocizygote.unavailable_reason(zygote_rt.bundle) is None  # this host has them all
+    assert "prctl.py" in (ocizygote.unavailable_reason(ExecdBundle(tmp_path)) or "")
+    monkeypatch.setattr(ocizygote, "waiter_binary", lambda: None)
+    rt = await open_with(zygote_rt.data_dir, "zygote")
+    try:
+        assert rt.zygote is None  # warned at start; sandboxes start as with "exec"
+        await rt.create(spec("zy-plain", rt_image))
+        await wait_ping(rt, "zy-plain")
+        assert execd_pid(rt, "zy-plain") == init_pid(rt, "zy-plain")
+    finally:
+        await finish(rt, ["zy-plain"])
 
 
 async def open_with(data_dir: Path, launch: str) -> OciRuntime:

@@ -239,12 +239,13 @@ class OciRuntime(Runtime):
         self.zygote: zygote.ZygoteLauncher | None = None
         self._waiter = ""
         if execd_launch == "zygote" and not self.gvisor:
-            waiter = zygote.waiter_binary()
-            if waiter is None:
-                raise RuntimeFailure('[runtime] execd_launch = "zygote" needs catatonit '
-                                     "(apt-get install catatonit) as the containers' PID 1")
-            self._waiter = waiter
-            self.zygote = zygote.ZygoteLauncher(bundle)
+            missing = zygote.unavailable_reason(bundle)
+            if missing is None:
+                self._waiter = zygote.waiter_binary() or ""
+                self.zygote = zygote.ZygoteLauncher(bundle)
+            else:
+                log.warning('[runtime] execd_launch = "zygote" is not possible here (%s): '
+                            "every sandbox starts execd with runc", missing)
 
     @classmethod
     async def open(cls, cfg: Config, images: ImageSource | None = None) -> OciRuntime:

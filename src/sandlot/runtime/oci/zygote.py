@@ -44,6 +44,20 @@ def waiter_binary() -> str | None:
     return shutil.which("catatonit")
 
 
+def unavailable_reason(bundle: ExecdBundle) -> str | None:
+    """Why the zygote cannot run on this host (None: it can)."""
+    if waiter_binary() is None:
+        return "catatonit (the containers' PID 1) is not installed: apt-get install catatonit"
+    if shutil.which("unshare") is None:
+        return "util-linux's unshare is not installed"
+    site = bundle.path / "site-packages"
+    for module in ("prctl.py", "pyseccomp.py"):
+        if not (site / module).exists():
+            return (f"the execd bundle lacks {module} (pip install python-prctl pyseccomp; "
+                    "python-prctl builds against libcap-dev)")
+    return None
+
+
 def waiter_process(execd_process: dict[str, Any]) -> dict[str, Any]:
     """runc's ``process`` for the waiter: execd's, with the waiter's command.
 
