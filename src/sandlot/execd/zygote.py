@@ -94,6 +94,8 @@ class Request:
 def _first_child(req: Request, report: int) -> NoReturn:
     """Runs in the zygote's fork: enter the sandbox, fork into its pid namespace."""
     try:
+        signal.set_wakeup_fd(-1)  # the zygote's wake-up pipe is closed here
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         plan = json.loads(_read_all(req.fds["plan"]))
         confine.enter_sandbox(plan, req.ns, req.cgroups)
         req.close(keep=("token", "stdio"))

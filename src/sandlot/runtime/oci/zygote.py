@@ -155,7 +155,7 @@ class ZygoteLauncher:
         """Start execd inside ``container_id``; its host pid. One retry on a fresh zygote."""
         async with self._lock:
             for attempt in (1, 2):
-                if self.pid is None:
+                if self.pid is None or self._sock is None:
                     await self._stop()
                     await self._start()
                 header, fds = await asyncio.to_thread(open_launch_fds, init_pid, container_id,
@@ -168,6 +168,10 @@ class ZygoteLauncher:
                     if attempt == 2:
                         raise RuntimeFailure(f"the execd zygote failed: {exc}") from exc
                     continue
+                except BaseException:
+                    # Cancelled mid-launch: its answer would be read as the next launch's.
+                    self._abandon()
+                    raise
                 finally:
                     for fd in fds:
                         os.close(fd)
@@ -187,6 +191,15 @@ class ZygoteLauncher:
             raise EOFError("the zygote closed its socket")
         answer: dict[str, Any] = json.loads(reply)
         return answer
+
+    def _abandon(self) -> None:
+        """Kill the zygote now; ``_stop`` (at the next launch or close) reaps it."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGKILL)
 
     async def _stop(self) -> None:
         if self._sock is not None:
