@@ -22,7 +22,7 @@ BENCH = "execd_launch"
 KEYS = ("execd_launch.serial", "execd_launch.concurrent", "execd_launch.execd_uss",
         "execd_launch.idle_cpu")
 LAUNCHES = ("exec", "zygote")
-SERIAL = 15
+SERIAL = 10
 BURST = 50
 MB = 1 << 20
 
