@@ -273,6 +273,34 @@ async def test_failed_forked_start_leaves_nothing(
     assert "zy-fail" not in await rt.list_ids()
 
 
+async def test_a_start_cut_short_is_stopped_at_the_next_open(
+    zygote_rt: OciRuntime, rt_image: Image, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server killed between runc run and the zygote's answer leaves a waiter alone."""
+    rt = zygote_rt
+    await rt.create(spec("zy-whole", rt_image))
+    await wait_ping(rt, "zy-whole")
+    from sandlot.runtime.oci import runtime as ociruntime
+
+    async def no_launch(*_args: object) -> int:
+        return 0
+
+    assert rt.zygote is not None
+    monkeypatch.setattr(rt.zygote, "launch", no_launch)
+    monkeypatch.setattr(ociruntime, "STARTED_WAIT", 0.5)
+    await rt.create(spec("zy-half", rt_image))
+    half = init_pid(rt, "zy-half")
+
+    def check(sid: str) -> bool:
+        cid = rt.container_id(sid)
+        return ocizygote.stop_if_half_started(rt.runc.root, cid, rt.paths(sid).config_json)
+
+    assert not check("zy-whole")  # execd runs beside its waiter: left alone
+    assert check("zy-half")
+    assert process_gone(half)
+    await wait_ping(rt, "zy-whole")
+
+
 async def test_zygote_restarts_and_closes_without_orphans(
     runtime_data_dir: Path, rt_image: Image
 ) -> None:

@@ -299,6 +299,9 @@ class OciRuntime(Runtime):
                         binary.flavor)
         if rt._own_pool_dir():
             await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
+            for cid in rt.runc.ids():  # a forked start a crash cut short (zygote.py)
+                await asyncio.to_thread(zygote.stop_if_half_started, rt.runc.root, cid,
+                                        SandboxPaths.of(data_dir, cid).config_json)
             if network is not None:
                 await network.restore(rt._container_ids())
             else:

@@ -115,6 +115,34 @@ def open_launch_fds(init_pid: int, container_id: str, plan: dict[str, Any], toke
     return {"ns": list(NAMESPACES), "cgroups": len(procs)}, fds
 
 
+def stop_if_half_started(runc_root: Path, container_id: str, config_json: Path) -> bool:
+    """Stop a container whose execd never came: its waiter alone in its cgroup.
+
+    A server killed between ``runc run`` and the zygote's answer leaves such a container; it
+    would look Running and never answer. Killing its PID 1 stops it, as when execd dies, so
+    the server's reconciliation sees a failed sandbox. True when it was stopped.
+    """
+    try:
+        process = json.loads(config_json.read_text())["process"]
+        state = json.loads((runc_root / container_id / "state.json").read_text())
+        init = int(state["init_process_pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if process.get("args", [None])[0] != WAITER_PATH or init <= 0:
+        return False
+    members: set[int] = set()
+    for d in cgroups.sandbox_cgroup_dirs(container_id):
+        with contextlib.suppress(OSError, ValueError):
+            members |= {int(x) for x in (d / "cgroup.procs").read_text().split()}
+    if members - {init} or init not in members:
+        return False  # execd (or something) runs beside it, or the init is not there
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(init, signal.SIGKILL)
+    log.warning("container %s had no execd (a server stopped mid-start): stopped it",
+                container_id)
+    return True
+
+
 class ZygoteLauncher:
     """One zygote process per runtime; launches are sent one at a time."""
 
