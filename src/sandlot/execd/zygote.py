@@ -50,9 +50,8 @@ def preload() -> None:
 
     for module in ("sandlot.execd.main", "sandlot.execd.app", "sandlot.execd.procs",
                    "sandlot.execd.lazyext", "sandlot.execd.claim", "sandlot.execd.hibernation",
-                   "sandlot.execd.cappedlog", "sandlot.http_deadlines", "uvicorn",
-                   "uvicorn.protocols.http.httptools_impl", "uvicorn.protocols.http.h11_impl",
-                   "uvicorn.lifespan.on", "uvicorn.loops.asyncio", "sandlot.execd.code"):
+                   "sandlot.execd.cappedlog", "sandlot.execd.httpserver",
+                   "sandlot.execd.settings", "logging", "h11", "sandlot.execd.code"):
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
 
