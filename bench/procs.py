@@ -47,9 +47,19 @@ def is_execd(cmd: list[str]) -> bool:
     for i, arg in enumerate(cmd):
         if arg == "sandlot.execd":
             return True
+        if arg == "sandlot.execd.zygote":  # the zygote, or an execd forked from it
+            return True
         if arg == "execd" and i > 0 and os.path.basename(cmd[i - 1]) == "sandlot":
             return True
     return False
+
+
+def _in_a_sandbox(pid: int) -> bool:
+    """Whether ``pid`` runs in a pid namespace other than ours (a sandbox's)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return False
 
 
 def cgroup_paths(pid: int) -> dict[str, str]:
@@ -98,6 +108,8 @@ def execd_pids(sandbox_ids: Collection[str] | None = None) -> set[int]:
             continue
         if proc.info["pid"] == me or not cmd or not is_execd(cmd):
             continue
+        if "sandlot.execd.zygote" in cmd and not _in_a_sandbox(int(proc.info["pid"])):
+            continue  # the zygote itself (host side), not an execd
         if sandbox_ids is not None:
             paths = " ".join(cgroup_paths(int(proc.info["pid"])).values())
             if not any(sid in paths for sid in sandbox_ids):

@@ -8,7 +8,10 @@ VENV=${VENV:-.venv}
 APT_PACKAGES=(runc runsc skopeo umoci debootstrap docker-registry nftables iproute2 procps psmisc
               ca-certificates util-linux mount e2fsprogs tmux zstd postgresql
               openjdk-17-jdk-headless golang-go
-              chromium)
+              chromium
+              catatonit libcap-dev libseccomp2)
+# catatonit: PID 1 of a sandbox whose execd the zygote starts; libcap-dev: python-prctl builds
+# against it; libseccomp2: pyseccomp loads it (both for the zygote, docs/runtime.md).
 # chromium: the web console's tests drive it headless through Playwright (whose own browser
 # download is not used).
 # docker.io: the docker runtime's tests and the bench start a private dockerd of their own.

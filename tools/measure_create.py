@@ -22,9 +22,9 @@ from typing import Literal
 from sandlot.config import Config
 from sandlot.images.model import Image
 from sandlot.images.store import ImageStore
-from sandlot.runtime.base import SandboxSpec
+from sandlot.runtime import execd_client
+from sandlot.runtime.base import ImageRef, SandboxSpec
 from sandlot.runtime.oci import OciRuntime
-from sandlot.runtime.oci.pool import wait_ping
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -45,9 +45,9 @@ def _userns(value: str) -> bool | Literal["auto"]:
 async def _one(rt: OciRuntime, image: Image) -> tuple[str, float]:
     sid = f"m-{uuid.uuid4().hex[:12]}"
     t0 = time.perf_counter()
-    await rt.create(SandboxSpec(sandbox_id=sid, image=image, entrypoint=[],
+    await rt.create(SandboxSpec(sandbox_id=sid, image=ImageRef(image.name), entrypoint=[],
                                 execd_token="t-" + sid))
-    await wait_ping(rt.execd_socket(sid))
+    await execd_client.wait_ready(lambda: rt.connect(sid, rt.execd_port), "t-" + sid, 60)
     return sid, time.perf_counter() - t0
 
 
@@ -87,14 +87,18 @@ async def main() -> None:
                     help="[runtime] user_namespaces (compare the cost of per-sandbox userns)")
     ap.add_argument("--images", default=os.environ.get("SANDLOT_TEST_IMAGES",
                                                        "/var/tmp/sandlot-test/images"))
+    ap.add_argument("--execd-launch", choices=["exec", "zygote"], default="exec",
+                    help="[runtime] execd_launch")
     a = ap.parse_args()
-    image = await ImageStore(Path(a.images)).build("base", if_missing=True)
+    store = ImageStore(Path(a.images))
+    image = await store.build("base", if_missing=True)
     data = Path(tempfile.mkdtemp(prefix="slm", dir="/tmp"))
     try:
         cold_cfg = Config(data_dir=data)
         cold_cfg.runtime.warm_pool_size = 0
         cold_cfg.runtime.user_namespaces = _userns(a.user_namespaces)
-        rt = await OciRuntime.open(cold_cfg)
+        cold_cfg.runtime.execd_launch = a.execd_launch
+        rt = await OciRuntime.open(cold_cfg, images=store)
         c, d = await _serial(rt, image, a.n, warm=False)
         print(_row("cold create->/ping (serial)", c))
         print(_row("cold delete", d))
@@ -106,8 +110,9 @@ async def main() -> None:
             cfg = Config(data_dir=data)
             cfg.runtime.warm_pool_size = size
             cfg.runtime.user_namespaces = _userns(a.user_namespaces)
+            cfg.runtime.execd_launch = a.execd_launch
             cfg.runtime.warm_pool_images = [image.name]
-            rt = await OciRuntime.open(cfg)
+            rt = await OciRuntime.open(cfg, images=store)
             await rt.prewarm(image)
             if size == a.pool_size:
                 c, d = await _serial(rt, image, a.n, warm=True)

@@ -12,6 +12,7 @@ from bench.benchmarks import (
     create,
     density,
     docker_backend,
+    execd_launch,
     files,
     gvisor,
     jupyter,
@@ -29,6 +30,7 @@ Benchmark = Callable[[BenchEnv], Awaitable[list[Row]]]
 
 BENCHMARKS: dict[str, Benchmark] = {
     "create": create.run,
+    "execd_launch": execd_launch.run,
     "commands": commands.run,
     "files": files.run,
     "code": code.run,
@@ -57,6 +59,7 @@ IMAGES: dict[str, tuple[str, ...]] = {
 # Row keys (prefixes) each benchmark always reports, measured or marked skipped.
 EXPECTED_KEYS: dict[str, tuple[str, ...]] = {
     "create": create.KEYS,
+    "execd_launch": execd_launch.KEYS,
     "commands": commands.KEYS,
     "files": files.KEYS,
     "code": code.KEYS,

@@ -79,6 +79,10 @@ class RuntimeConfig(_Section):
     # oci: container starts (runc + execd start-up) run at once; more creates queue, requests
     # before warm-pool refills (runtime/admission.py). 0: two per CPU the server may use.
     max_concurrent_starts: int = Field(default=0, ge=0)
+    # oci + runc, sandboxes with a user namespace: how execd starts. "exec": runc runs a
+    # fresh interpreter as PID 1; "zygote": a pre-imported execd is forked into the
+    # sandbox (docs/runtime.md). Others (runsc, no user namespace) always use "exec".
+    execd_launch: Literal["exec", "zygote"] = "exec"
     # Cap on a sandbox's writable layer when a create names no resourceLimits
     # "ephemeral-storage" (a quantity such as "2Gi"); unset = no cap (docs/volumes.md).
     default_ephemeral_storage: str | None = None
@@ -406,6 +410,8 @@ warm_pool_size = 2
 warm_pool_images = ["base"]
 # Container starts at once (more creates queue, before pool refills); 0 = two per CPU.
 # max_concurrent_starts = 0
+# How execd starts under runc with a user namespace: "exec" or "zygote" (docs/runtime.md).
+# execd_launch = "exec"
 
 # Pausing: "freeze" keeps memory; "hibernate" (gVisor only) checkpoints to disk.
 # pause_mode = "freeze"

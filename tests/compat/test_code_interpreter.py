@@ -29,6 +29,7 @@ from sandlot.images.model import Image
 from sandlot.images.store import ImageStore
 from sandlot.runtime.oci.spec import EXECD_OOM_SCORE_ADJ, can_lower_oom_score_adj
 from tests.compat.conftest import SandlotServer
+from tests.runtime.helpers import EXECD_PID
 
 # A cold image build can take far longer than the suite's default per-test timeout.
 pytestmark = [pytest.mark.timeout(2400), pytest.mark.backends("oci", "docker"),
@@ -267,8 +268,9 @@ async def test_reference_image_through_server_proxy(
 
 
 async def _execd_identity(sandbox: Sandbox) -> tuple[str, str]:
-    """PID 1's start time (field 22 of /proc/1/stat) and its oom_score_adj."""
-    ex = await sandbox.commands.run("cut -d' ' -f22 /proc/1/stat; cat /proc/1/oom_score_adj")
+    """execd's start time (field 22 of /proc/<pid>/stat) and its oom_score_adj."""
+    ex = await sandbox.commands.run(f"E={EXECD_PID}; cut -d' ' -f22 /proc/$E/stat; "
+                                    "cat /proc/$E/oom_score_adj")
     lines = [m.text.strip() for m in ex.logs.stdout if m.text.strip()]
     out = "\n".join(lines).split()
     assert len(out) == 2, ex

@@ -201,6 +201,12 @@ def spec(sandbox_id: str, image: Image, **kw: object) -> SandboxSpec:
     return SandboxSpec(sandbox_id=sandbox_id, image=ref, entrypoint=[], **kw)  # type: ignore[arg-type]
 
 
+# Shell: execd's pid inside a sandbox (1 when runc starts it; under the zygote, the waiter is
+# PID 1 and execd its first neighbour). The pattern does not match this command's own line.
+EXECD_PID = ("$(for d in /proc/[0-9]*; do tr '\\0' ' ' <$d/cmdline 2>/dev/null | "
+             "grep -q 'sandlot[.]execd' && echo ${d#/proc/}; done | sort -n | head -1)")
+
+
 async def open_runtime(data_dir: Path) -> OciRuntime:
     return await OciRuntime.open(Config(data_dir=data_dir), images=TEST_IMAGES)
 

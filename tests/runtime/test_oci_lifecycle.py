@@ -14,6 +14,7 @@ from sandlot.runtime.base import ContainerState
 from sandlot.runtime.oci import OciRuntime
 from sandlot.runtime.oci import cgroups as cg
 from tests.runtime.helpers import (
+    EXECD_PID,
     TEST_IMAGES,
     leftovers,
     open_runtime,
@@ -47,7 +48,7 @@ async def test_execd_is_pid1_with_workspace_and_hostname(
     rt = oci_runtime
     await rt.create(spec("life2", rt_image, env={"GREETING": "hi there"}))
     await wait_ping(rt, "life2")
-    r = runc_exec(rt, "life2", "tr '\\0' ' ' </proc/1/cmdline; echo; hostname; "
+    r = runc_exec(rt, "life2", f"tr '\\0' ' ' </proc/{EXECD_PID}/cmdline; echo; hostname; "
                   "echo $GREETING; touch /workspace/f && echo writable; "
                   "awk '$2 == \"/run/sandlot\" {print \"run:\" $3}' /proc/mounts")
     assert r.returncode == 0, r.stderr
@@ -57,8 +58,8 @@ async def test_execd_is_pid1_with_workspace_and_hostname(
     assert lines[2] == "hi there"
     assert "writable" in lines
     assert "run:tmpfs" in lines  # the sandbox's own, not a host dir (issue 11 finding 2)
-    # execd (PID 1) is not dumpable: the workload cannot read its environment or memory
-    env = runc_exec(rt, "life2", "cat /proc/1/environ 2>&1; true").stdout
+    # execd is not dumpable: the workload cannot read its environment or memory
+    env = runc_exec(rt, "life2", f"cat /proc/{EXECD_PID}/environ 2>&1; true").stdout
     assert "Permission denied" in env and "GREETING" not in env
 
 

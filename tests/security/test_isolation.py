@@ -18,7 +18,14 @@ from sandlot.images.model import Image
 from sandlot.runtime.oci import OciRuntime
 from sandlot.runtime.oci import cgroups as cg
 from sandlot.runtime.oci.spec import CAPABILITIES
-from tests.runtime.helpers import leftovers, runc_exec, spawn_detached, spec, wait_ping
+from tests.runtime.helpers import (
+    EXECD_PID,
+    leftovers,
+    runc_exec,
+    spawn_detached,
+    spec,
+    wait_ping,
+)
 
 PY = "python3 -c"
 
@@ -119,7 +126,8 @@ async def test_no_new_privileges_and_reduced_capabilities(
     rt = oci_runtime
     await rt.create(spec("caps", rt_image))
     await wait_ping(rt, "caps")
-    r = runc_exec(rt, "caps", "grep -E '^(NoNewPrivs|CapEff|CapBnd|Seccomp):' /proc/1/status "
+    r = runc_exec(rt, "caps", "grep -E '^(NoNewPrivs|CapEff|CapBnd|Seccomp):' "
+                  f"/proc/{EXECD_PID}/status "
                   "/proc/self/status")
     lines = r.stdout.splitlines()
     assert sum("NoNewPrivs:\t1" in ln for ln in lines) == 2

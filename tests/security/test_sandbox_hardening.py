@@ -20,7 +20,7 @@ from sandlot.errors import InvalidRequest
 from sandlot.images.model import Image, ImageConfig
 from sandlot.runtime.oci import OciRuntime
 from sandlot.runtime.oci.imageuser import resolve_user
-from tests.runtime.helpers import execd_client, runc_exec, spec, wait_ping
+from tests.runtime.helpers import EXECD_PID, execd_client, runc_exec, spec, wait_ping
 
 PY = "python3 -c"
 
@@ -87,19 +87,20 @@ async def test_execd_token_not_in_its_environment_and_execd_not_dumpable(
     token = "tok-" + os.urandom(8).hex()
     await rt.create(spec("tokenv", rt_image, execd_token=token))
     await wait_ping(rt, "tokenv")
-    r = runc_exec(rt, "tokenv", "cat /proc/1/environ 2>&1 | tr '\\0' '\\n'; "
-                  "grep -r . /proc/1/environ /proc/1/cmdline 2>&1 | tr '\\0' ' '; "
-                  "awk '{print \"dumpable-probe\"}' /dev/null; cat /proc/1/status | "
-                  "grep -i '^Uid'; ls -l /proc/1/fd 2>&1 | head -3; true", token=token)
+    r = runc_exec(rt, "tokenv", f"E={EXECD_PID}; cat /proc/1/environ /proc/$E/environ 2>&1 | "
+                  "tr '\\0' '\\n'; grep -r . /proc/$E/environ /proc/$E/cmdline 2>&1 | "
+                  "tr '\\0' ' '; cat /proc/$E/status | grep -i '^Uid'; "
+                  "ls -l /proc/$E/fd 2>&1 | head -3; true", token=token)
     assert token not in r.stdout + r.stderr
-    # Attaching to PID 1 (what a workload would do to stop or inspect execd) is refused.
+    # Attaching to execd (what a workload would do to stop or inspect it) is refused.
     script = (
-        "import ctypes, errno\n"
+        "import ctypes, errno, sys\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
-        "rc = libc.ptrace(16, 1, 0, 0)\n"  # PTRACE_ATTACH
+        "rc = libc.ptrace(16, int(sys.argv[1]), 0, 0)\n"  # PTRACE_ATTACH
         "print('attach', rc, errno.errorcode.get(ctypes.get_errno()))\n"
     )
-    r = runc_exec(rt, "tokenv", f"{PY} \"$(cat <<'EOF'\n{script}EOF\n)\"", token=token)
+    r = runc_exec(rt, "tokenv", f"{PY} \"$(cat <<'EOF'\n{script}EOF\n)\" {EXECD_PID}",
+                  token=token)
     assert r.stdout.split() == ["attach", "-1", "EPERM"], r
     await wait_ping(rt, "tokenv")  # and execd still serves
 

@@ -39,6 +39,8 @@ EXECD_DISTRIBUTIONS = (
     "websockets", "python-multipart", "jupyter_client", "pyzmq", "tornado", "traitlets",
     "jupyter_core", "platformdirs", "python-dateutil", "six", "psutil", "click",
     "typing_extensions", "wcmatch",
+    # the execd zygote's confinement steps (sandlot.execd.confine), host-side only
+    "pyseccomp", "python-prctl",
 )
 # Never needed inside a sandbox; large or GUI-only parts of the standard library.
 _STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "site-packages",

@@ -77,6 +77,7 @@ from sandlot.runtime.oci import (
     runsc,
     uidrange,
     volumes,
+    zygote,
 )
 from sandlot.runtime.oci import spec as ocispec
 from sandlot.runtime.oci.binary import OciBinary, choose_binary, flavor_of
@@ -180,6 +181,7 @@ class OciRuntime(Runtime):
         pause_mode: str = "freeze",
         user_namespaces: bool = False,
         max_concurrent_starts: int = 0,
+        execd_launch: str = "exec",
     ) -> None:
         self.data_dir = data_dir
         # Cold starts and warm-pool refills queue here (admission.py): a burst of creates
@@ -232,6 +234,18 @@ class OciRuntime(Runtime):
         self._pool_lock_fd: int | None = None
         self.network = network  # set in mode "isolated"
         self.host_network = host_network  # mode "host": the server's namespace (hostmode)
+        # execd_launch = "zygote": runc sandboxes with a user namespace get an execd forked
+        # from the zygote (oci/zygote.py); the others start it with runc as before.
+        self.zygote: zygote.ZygoteLauncher | None = None
+        self._waiter = ""
+        if execd_launch == "zygote" and not self.gvisor:
+            missing = zygote.unavailable_reason(bundle)
+            if missing is None:
+                self._waiter = zygote.waiter_binary() or ""
+                self.zygote = zygote.ZygoteLauncher(bundle)
+            else:
+                log.warning('[runtime] execd_launch = "zygote" is not possible here (%s): '
+                            "every sandbox starts execd with runc", missing)
 
     @classmethod
     async def open(cls, cfg: Config, images: ImageSource | None = None) -> OciRuntime:
@@ -277,9 +291,17 @@ class OciRuntime(Runtime):
                  default_disk_bytes=parse_ephemeral_storage(default_disk) if default_disk else None,
                  runsc_platform=cfg.runtime.runsc_platform, pause_mode=cfg.runtime.pause_mode,
                  user_namespaces=userns,
-                 max_concurrent_starts=cfg.runtime.max_concurrent_starts)
+                 max_concurrent_starts=cfg.runtime.max_concurrent_starts,
+                 execd_launch=cfg.runtime.execd_launch)
+        if cfg.runtime.execd_launch == "zygote" and (binary.is_gvisor or not userns):
+            log.warning('[runtime] execd_launch = "zygote" applies to runc sandboxes with a '
+                        "user namespace only; every sandbox here starts execd with %s",
+                        binary.flavor)
         if rt._own_pool_dir():
             await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
+            for cid in rt.runc.ids():  # a forked start a crash cut short (zygote.py)
+                await asyncio.to_thread(zygote.stop_if_half_started, rt.runc.root, cid,
+                                        SandboxPaths.of(data_dir, cid).config_json)
             if network is not None:
                 await network.restore(rt._container_ids())
             else:
@@ -461,9 +483,16 @@ class OciRuntime(Runtime):
             config["linux"].setdefault("resources", {}).setdefault("cpu", {})["shares"] = (
                 claimops.WARM_CPU_SHARES
             )
+        plan = None
+        if self.zygote is not None and uid_base is not None:
+            plan = zygote.use_waiter(config, self._waiter)  # PID 1 waits; execd comes forked
         p.config_json.write_text(json.dumps(config, indent=1))
         await self.runc.run_detached(spec.sandbox_id, p.bundle, p.container_log, p.runc_log,
-                                     secret=(spec.execd_token or "").encode())
+                                     secret=b"" if plan else (spec.execd_token or "").encode())
+        if plan is not None and self.zygote is not None:
+            await self.zygote.launch(claimops.init_pid(self.runc.root, spec.sandbox_id),
+                                     spec.sandbox_id, plan, spec.execd_token or "",
+                                     p.container_log)
 
     def _shift_owners(self, p: SandboxPaths, lowers: list[Path], base: int) -> list[Path]:
         """Idmapped views of the image layers, and the sandbox's own writable dirs, owned by
@@ -767,6 +796,8 @@ class OciRuntime(Runtime):
     async def close(self) -> None:
         """Stop refilling and delete the unclaimed warm containers (a start re-creates them)."""
         await self.drain_pool()
+        if self.zygote is not None:
+            await self.zygote.close()
         self._connector.close()
         if self.network is not None:
             await self.network.close()

@@ -1,0 +1,164 @@
+"""The steps that turn a fork of the execd zygote into a sandbox's execd (host root -> the
+sandbox), in the order that keeps every step narrowing.
+
+The plan comes from the server: the ``process`` object runc would have run execd with
+(config.json: args, env, cwd, capabilities, rlimits, noNewPrivileges, oomScoreAdj) and the
+container's ``linux.seccomp`` object; namespaces and cgroups come as descriptors the server
+opened on the container's init process. Nothing here reads a path the sandbox can change.
+
+Order (``enter_sandbox`` in the first child, ``become_execd`` in the second):
+
+1. still host root, outside: join the sandbox's cgroups (descriptors of ``cgroup.procs``),
+   set oom_score_adj and rlimits (lowering the one and raising the other need host
+   privileges), non-dumpable from the first instruction on;
+2. ``setns`` into the network namespace (made by the host, owned by the host's user
+   namespace: it must be joined while we still hold host privileges), then the sandbox's
+   user namespace (from here on no privilege outside it is left), then mnt, ipc, uts,
+   cgroup and pid: the namespaces runc made inside that user namespace;
+3. fork (a process enters a pid namespace only through its children);
+4. the second child: uid/gid 0 of the user namespace, no supplementary groups, the exact
+   capability sets runc gives execd (bounding, permitted, effective; inheritable and
+   ambient empty), no_new_privs, the same seccomp program (libseccomp, from the same
+   OCI object runc compiles), cwd, umask, environment, default signal dispositions, and
+   every descriptor but stdio closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import resource
+import signal
+from typing import Any
+
+import prctl
+import pyseccomp
+
+# Python 3.11 has no os.setns (3.12 does): the libc call through ctypes.
+_libc = ctypes.CDLL(None, use_errno=True)
+# The order namespaces are joined in (see the module docstring).
+NAMESPACE_ORDER = ("net", "user", "mnt", "ipc", "uts", "cgroup", "pid")
+_RLIMITS = {name: getattr(resource, name) for name in dir(resource)
+            if name.startswith("RLIMIT_")}
+_SECCOMP_OPS = {
+    "SCMP_CMP_NE": pyseccomp.NE, "SCMP_CMP_LT": pyseccomp.LT, "SCMP_CMP_LE": pyseccomp.LE,
+    "SCMP_CMP_EQ": pyseccomp.EQ, "SCMP_CMP_GE": pyseccomp.GE, "SCMP_CMP_GT": pyseccomp.GT,
+    "SCMP_CMP_MASKED_EQ": pyseccomp.MASKED_EQ,
+}
+_SECCOMP_ARCHES = {"SCMP_ARCH_X86_64": "X86_64", "SCMP_ARCH_X86": "X86",
+                   "SCMP_ARCH_X32": "X32", "SCMP_ARCH_AARCH64": "AARCH64",
+                   "SCMP_ARCH_ARM": "ARM"}
+
+
+class ConfineError(Exception):
+    """A step of the confinement failed: the child must not run execd."""
+
+
+def setns(fd: int, what: str) -> None:
+    if _libc.setns(fd, 0) != 0:
+        err = ctypes.get_errno()
+        raise ConfineError(f"setns({what}): {os.strerror(err)}")
+
+
+def _action(rule: dict[str, Any]) -> Any:
+    action = rule.get("action", "SCMP_ACT_ERRNO")
+    if action == "SCMP_ACT_ERRNO":
+        return pyseccomp.ERRNO(int(rule.get("errnoRet", errno.EPERM)))
+    if action == "SCMP_ACT_ALLOW":
+        return pyseccomp.ALLOW
+    if action == "SCMP_ACT_KILL":
+        return pyseccomp.KILL
+    raise ConfineError(f"seccomp action {action} is not supported by the zygote")
+
+
+def seccomp_filter(profile: dict[str, Any]) -> Any:
+    """A libseccomp filter of the OCI ``linux.seccomp`` object (what runc builds from it)."""
+    default = profile.get("defaultAction", "SCMP_ACT_ALLOW")
+    if default != "SCMP_ACT_ALLOW":
+        raise ConfineError(f"seccomp defaultAction {default} is not supported by the zygote")
+    filt = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
+    for arch in profile.get("architectures", []):
+        name = _SECCOMP_ARCHES.get(arch)
+        if name is None:
+            raise ConfineError(f"seccomp architecture {arch} is not supported by the zygote")
+        with contextlib.suppress(Exception):  # the native one is already there
+            filt.add_arch(getattr(pyseccomp.Arch, name))
+    for rule in profile.get("syscalls", []):
+        args = []
+        for a in rule.get("args") or []:
+            op = _SECCOMP_OPS[a["op"]]
+            if op == pyseccomp.MASKED_EQ:
+                args.append(pyseccomp.Arg(a["index"], op, a["value"], a.get("valueTwo", 0)))
+            else:
+                args.append(pyseccomp.Arg(a["index"], op, a["value"]))
+        for name in rule["names"]:
+            try:
+                filt.add_rule(_action(rule), name, *args)
+            except (RuntimeError, ValueError, OSError):
+                continue  # unknown to this libseccomp/architecture: runc skips them too
+    return filt
+
+
+def enter_sandbox(plan: dict[str, Any], ns_fds: dict[str, int], cgroup_fds: list[int]) -> None:
+    """Steps 1 and 2 (see the module docstring); the caller forks afterwards."""
+    prctl.set_dumpable(False)
+    me = str(os.getpid()).encode()
+    for fd in cgroup_fds:
+        os.write(fd, me)
+    process = plan["process"]
+    adj = process.get("oomScoreAdj")
+    if adj is not None:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(int(adj)))
+    for limit in process.get("rlimits", []):
+        resource.setrlimit(_RLIMITS[limit["type"]], (limit["soft"], limit["hard"]))
+    for name in NAMESPACE_ORDER:
+        setns(ns_fds[name], name)
+    prctl.set_dumpable(False)  # joining the user namespace reset it
+
+
+def become_execd(plan: dict[str, Any], seccomp: Any) -> None:
+    """Step 4: everything runc does to execd before exec, minus the exec."""
+    process = plan["process"]
+    user = process.get("user", {})
+    uid, gid = int(user.get("uid", 0)), int(user.get("gid", 0))
+    os.setgroups([int(g) for g in user.get("additionalGids", [])])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    caps = process.get("capabilities", {})
+    bounding = [_cap_number(n) for n in caps.get("bounding", [])]
+    prctl.capbset.limit(*bounding)
+    for number in range(max(prctl.ALL_CAPS) + 1, 64):  # newer than python-prctl knows
+        with contextlib.suppress(OSError, ValueError):
+            prctl.capbset_drop(number)
+    # effective before permitted: effective must stay a subset of permitted at every step
+    prctl.cap_effective.limit(*(_cap_number(n) for n in caps.get("effective", [])))
+    prctl.cap_permitted.limit(*(_cap_number(n) for n in caps.get("permitted", [])))
+    prctl.cap_inheritable.limit(*(_cap_number(n) for n in caps.get("inheritable", [])))
+    if process.get("noNewPrivileges"):
+        prctl.set_no_new_privs(True)
+    prctl.set_dumpable(False)  # the uid change reset it
+    os.chdir(process.get("cwd") or "/")
+    os.umask(0o022)
+    os.environ.clear()
+    for item in process.get("env", []):
+        key, sep, value = item.partition("=")
+        if sep:
+            os.environ[key] = value
+    # As in a fresh interpreter (SIGPIPE stays ignored, as Python sets it at start-up).
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.set_wakeup_fd(-1)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    if seccomp is not None:
+        seccomp.load()  # last: the program refuses setns, mount and friends
+
+
+def _cap_number(name: str) -> int:
+    value = getattr(prctl, name.upper(), None)
+    if not isinstance(value, int):
+        raise ConfineError(f"unknown capability {name}")
+    return value

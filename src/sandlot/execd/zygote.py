@@ -1,0 +1,241 @@
+"""``python -m sandlot.execd.zygote``: execd imported once, forked into each new sandbox.
+
+Started by the server (``runtime/oci/zygote.py``) as the bundle's interpreter in a private
+mount namespace where the bundle is at ``/opt/sandlot``, so every path it imported from is
+the path inside a sandbox. It imports execd and its libraries (the code service too),
+freezes the garbage collector (the imported objects' pages then stay shared copy-on-write
+with every sandbox's execd) and waits on the descriptor named by its argument, a
+``SOCK_SEQPACKET`` socket to the server. It is single-threaded: forking a threaded
+process is unsafe.
+
+A request is a small JSON header and descriptors, in this order: the plan (a pipe holding
+the JSON ``{"process": ..., "seccomp": ...}`` of config.json), the token (a pipe holding
+execd's token, becomes its stdin), the container's log (execd's stdout/stderr), a pidfd of
+the container's init process, one descriptor per namespace (``ns`` in the header) and one
+per cgroup (``cgroup.procs`` files). The zygote itself never reads the plan or the token:
+only the child does, so no sandbox's environment or token stays in the zygote's memory,
+to be inherited by the next sandbox's execd. The answer is ``{"pid": <host pid>}`` once
+the child is confined (``confine.py``) and about to run execd, or ``{"error": ...}``.
+
+The zygote is the child subreaper of the execds it starts: when one exits, the zygote
+kills its container's init (a minimal waiter), so the container stops as it did when execd
+was PID 1. It exits when the server does (parent-death signal, end of its socket).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+from typing import Any, NoReturn
+
+import prctl
+
+from sandlot.execd import confine
+
+MAX_FDS = 64
+REPORT_TIMEOUT = 20.0
+FIXED_FDS = ("plan", "token", "stdio", "init")
+
+
+def preload() -> None:
+    """Import what execd imports at start-up and on its first requests (shared pages)."""
+    import importlib
+
+    for module in ("sandlot.execd.main", "sandlot.execd.app", "sandlot.execd.procs",
+                   "sandlot.execd.lazyext", "sandlot.execd.claim", "sandlot.execd.hibernation",
+                   "sandlot.execd.cappedlog", "sandlot.execd.httpserver",
+                   "sandlot.execd.settings", "logging", "h11", "sandlot.execd.code"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _report(fd: int, line: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(fd, (line.replace("\n", " ") + "\n").encode())
+
+
+class Request:
+    """The descriptors of one launch, by role."""
+
+    def __init__(self, header: dict[str, Any], fds: list[int]) -> None:
+        names = [*FIXED_FDS, *(f"ns:{n}" for n in header["ns"]),
+                 *(f"cgroup:{i}" for i in range(int(header["cgroups"])))]
+        if len(names) != len(fds):
+            raise ValueError(f"expected {len(names)} descriptors, got {len(fds)}")
+        self.fds = dict(zip(names, fds, strict=True))
+        self.ns = {n: self.fds[f"ns:{n}"] for n in header["ns"]}
+        self.cgroups = [self.fds[f"cgroup:{i}"] for i in range(int(header["cgroups"]))]
+        missing = set(confine.NAMESPACE_ORDER) - set(self.ns)
+        if missing:
+            raise ValueError(f"namespaces missing: {', '.join(sorted(missing))}")
+
+    def close(self, keep: tuple[str, ...] = ()) -> None:
+        for name, fd in self.fds.items():
+            if name not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+def _first_child(req: Request, report: int) -> NoReturn:
+    """Runs in the zygote's fork: enter the sandbox, fork into its pid namespace."""
+    try:
+        signal.set_wakeup_fd(-1)  # the zygote's wake-up pipe is closed here
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        plan = json.loads(_read_all(req.fds["plan"]))
+        confine.enter_sandbox(plan, req.ns, req.cgroups)
+        req.close(keep=("token", "stdio"))
+        pid = os.fork()
+        if pid == 0:
+            _execd_child(plan, req, report)
+        _report(report, f"pid {pid}")
+        os._exit(0)
+    except BaseException as exc:  # noqa: BLE001 - reported, then this child ends
+        _report(report, f"error {type(exc).__name__}: {exc}")
+        os._exit(1)
+
+
+def _execd_child(plan: dict[str, Any], req: Request, report: int) -> NoReturn:
+    """The second fork, inside the pid namespace: drop to what runc gives execd, run it."""
+    code = 1
+    try:
+        confine.become_execd(plan, confine.seccomp_filter(plan["seccomp"]))
+        token, stdio = req.fds["token"], req.fds["stdio"]
+        os.dup2(token, 0)
+        os.dup2(stdio, 1)
+        os.dup2(stdio, 2)
+        # Nothing of the host stays open: stdio and the report pipe only (closed below).
+        os.closerange(3, report)
+        os.closerange(report + 1, 1 << 20)
+        args = list(plan["process"]["args"])
+        argv = args[args.index("sandlot.execd") + 1:]
+        sys.argv = ["sandlot-execd", *argv]
+        del plan, req
+        from sandlot.execd.main import main as execd_main
+
+        _report(report, "ok")
+        os.close(report)
+        code = execd_main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException as exc:  # noqa: BLE001 - reported, then this child ends
+        _report(report, f"error {type(exc).__name__}: {exc}")
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+    os._exit(code)
+
+
+class Zygote:
+    """The serve loop: requests on the control socket, reaping on SIGCHLD."""
+
+    def __init__(self, control: socket.socket) -> None:
+        self.control = control
+        self.execds: dict[int, int] = {}  # execd's host pid -> pidfd of its container init
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def serve(self) -> None:
+        poller = select.poll()
+        poller.register(self.control, select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
+        while True:
+            for fd, _ in poller.poll():
+                if fd == self.wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self.wake_r, 4096)
+                    self.reap()
+                    continue
+                msg, fds, _flags, _addr = socket.recv_fds(self.control, 65536, MAX_FDS)
+                if not msg:
+                    return  # the server is gone
+                self.control.send(json.dumps(self.launch(msg, fds)).encode())
+
+    def launch(self, msg: bytes, fds: list[int]) -> dict[str, Any]:
+        try:
+            req = Request(json.loads(msg), fds)
+        except (ValueError, KeyError, TypeError) as exc:
+            for fd in fds:
+                os.close(fd)
+            return {"error": f"bad request: {exc}"}
+        report_r, report_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:
+            self.control.close()
+            for fd in (report_r, self.wake_r, self.wake_w):
+                os.close(fd)
+            _first_child(req, report_w)
+        os.close(report_w)
+        init = req.fds["init"]
+        req.close(keep=("init",))
+        lines = self._read_report(report_r).splitlines()
+        os.close(report_r)
+        execd = next((int(x.split()[1]) for x in lines if x.startswith("pid ")), None)
+        errors = [x.removeprefix("error ") for x in lines if x.startswith("error ")]
+        if "ok" in lines and execd is not None and not errors:
+            self.execds[execd] = init
+            return {"pid": execd}
+        if execd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(execd, signal.SIGKILL)
+        os.close(init)
+        return {"error": "; ".join(errors) or "the execd child ended before it was ready"}
+
+    @staticmethod
+    def _read_report(fd: int) -> str:
+        out = b""
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        while True:
+            if not poller.poll(REPORT_TIMEOUT * 1000):
+                return out.decode(errors="replace") + "\nerror timed out"
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return out.decode(errors="replace")
+            out += chunk
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, _status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            init = self.execds.pop(pid, None)
+            if init is not None:  # execd ended: end its container, as when it was PID 1
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(init, signal.SIGKILL)
+                os.close(init)
+
+
+def main(argv: list[str]) -> int:
+    prctl.set_pdeathsig(signal.SIGKILL)
+    control = socket.socket(fileno=int(argv[0]))
+    prctl.set_child_subreaper(True)
+    preload()
+    if threading.active_count() != 1:
+        raise SystemExit("execd zygote: a preloaded module started a thread; cannot fork")
+    gc.collect()
+    gc.freeze()  # the imported objects' pages stay shared with every execd
+    Zygote(control).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,246 @@
+"""The server's side of the execd zygote (``[runtime] execd_launch = "zygote"``).
+
+Instead of runc starting a fresh Python for execd in every sandbox (~250 ms of CPU, ~20 MB
+of private memory), runc starts a minimal waiter as the container's PID 1 (catatonit in
+pause mode: it only reaps) and the zygote (``sandlot.execd.zygote``, execd imported once)
+forks a child that enters the container and becomes execd, sharing the imported pages
+copy-on-write. What runs where and why it is safe: docs/runtime.md.
+
+The zygote is started on first use, restarted when it has died, and killed on ``close``
+(and by the kernel when the server dies: parent-death signal). Execds it started keep
+running when it goes: they belong to their containers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+from sandlot.errors import RuntimeFailure
+from sandlot.runtime.execd_bundle import ExecdBundle
+from sandlot.runtime.oci import cgroups
+
+log = logging.getLogger(__name__)
+# The container's PID 1 under the zygote: bind-mounted read-only from the host.
+WAITER_PATH = "/run/sandlot/init"
+NAMESPACES = ("net", "user", "mnt", "ipc", "uts", "cgroup", "pid")
+LAUNCH_TIMEOUT = 30.0
+# The private mount namespace the zygote runs in: the bundle at /opt/sandlot (a tmpfs over
+# /opt hides the host's), so its imports resolve to the paths they have inside sandboxes.
+_ENTER = ('mount -t tmpfs -o mode=0755,size=64k sandlot-zygote /opt && mkdir /opt/sandlot '
+          '&& mount --bind -o ro,nosuid,nodev "$1" /opt/sandlot && shift && exec "$@"')
+
+
+def waiter_binary() -> str | None:
+    """catatonit (Debian package ``catatonit``, statically linked): PID 1 that only reaps."""
+    return shutil.which("catatonit")
+
+
+def unavailable_reason(bundle: ExecdBundle) -> str | None:
+    """Why the zygote cannot run on this host (None: it can)."""
+    if waiter_binary() is None:
+        return "catatonit (the containers' PID 1) is not installed: apt-get install catatonit"
+    if shutil.which("unshare") is None:
+        return "util-linux's unshare is not installed"
+    site = bundle.path / "site-packages"
+    for module in ("prctl.py", "pyseccomp.py"):
+        if not (site / module).exists():
+            return (f"the execd bundle lacks {module} (pip install python-prctl pyseccomp; "
+                    "python-prctl builds against libcap-dev)")
+    return None
+
+
+def waiter_process(execd_process: dict[str, Any]) -> dict[str, Any]:
+    """runc's ``process`` for the waiter: execd's, with the waiter's command.
+
+    Same user, capabilities, environment, limits and hardening: ``runc exec`` takes its
+    defaults from this object, so a process run that way still gets what execd's children
+    get (as before the zygote).
+    """
+    return {**execd_process, "args": [WAITER_PATH, "-P"]}
+
+
+def use_waiter(config: dict[str, Any], waiter: str) -> dict[str, Any]:
+    """Make ``config`` start the waiter; returns the plan for the zygote (execd's process)."""
+    plan = {"process": config["process"], "seccomp": config["linux"].get("seccomp", {})}
+    config["process"] = waiter_process(config["process"])
+    config["mounts"].append({"destination": WAITER_PATH, "type": "bind", "source": waiter,
+                             "options": ["bind", "ro", "nosuid", "nodev"]})
+    return plan
+
+
+def _pipe_holding(data: bytes) -> int:
+    """The read end of a pipe that holds ``data`` and then ends."""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(write_end, view):]
+    finally:
+        os.close(write_end)
+    return read_end
+
+
+def open_launch_fds(init_pid: int, container_id: str, plan: dict[str, Any], token: str,
+                    stdio: Path) -> tuple[dict[str, Any], list[int]]:
+    """The header and descriptors of one launch (see ``sandlot.execd.zygote``)."""
+    fds: list[int] = []
+    try:
+        pidfd = os.pidfd_open(init_pid)
+        fds.append(_pipe_holding(json.dumps(plan).encode()))
+        fds.append(_pipe_holding(token.encode()))
+        fds.append(os.open(stdio, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        fds.append(pidfd)
+        for ns in NAMESPACES:
+            fds.append(os.open(f"/proc/{init_pid}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC))
+        procs = [d / "cgroup.procs" for d in cgroups.sandbox_cgroup_dirs(container_id)]
+        procs = [p for p in procs if p.exists()]
+        if not procs:
+            raise RuntimeFailure(f"container {container_id} has no cgroup to join")
+        for p in procs:
+            fds.append(os.open(p, os.O_WRONLY | os.O_CLOEXEC))
+        signal.pidfd_send_signal(pidfd, 0)  # still the same init: its namespaces are its
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return {"ns": list(NAMESPACES), "cgroups": len(procs)}, fds
+
+
+def stop_if_half_started(runc_root: Path, container_id: str, config_json: Path) -> bool:
+    """Stop a container whose execd never came: its waiter alone in its cgroup.
+
+    A server killed between ``runc run`` and the zygote's answer leaves such a container; it
+    would look Running and never answer. Killing its PID 1 stops it, as when execd dies, so
+    the server's reconciliation sees a failed sandbox. True when it was stopped.
+    """
+    try:
+        process = json.loads(config_json.read_text())["process"]
+        state = json.loads((runc_root / container_id / "state.json").read_text())
+        init = int(state["init_process_pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if process.get("args", [None])[0] != WAITER_PATH or init <= 0:
+        return False
+    members: set[int] = set()
+    for d in cgroups.sandbox_cgroup_dirs(container_id):
+        with contextlib.suppress(OSError, ValueError):
+            members |= {int(x) for x in (d / "cgroup.procs").read_text().split()}
+    if members - {init} or init not in members:
+        return False  # execd (or something) runs beside it, or the init is not there
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(init, signal.SIGKILL)
+    log.warning("container %s had no execd (a server stopped mid-start): stopped it",
+                container_id)
+    return True
+
+
+class ZygoteLauncher:
+    """One zygote process per runtime; launches are sent one at a time."""
+
+    def __init__(self, bundle: ExecdBundle) -> None:
+        self.bundle = bundle
+        self._proc: asyncio.subprocess.Process | None = None
+        self._sock: socket.socket | None = None
+        self._lock = asyncio.Lock()
+        self.starts = 0  # how many zygotes were started (restarts included)
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.returncode is None else None
+
+    async def _start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        m = self.bundle.mount_point
+        argv = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", _ENTER,
+                "sh", str(self.bundle.path), *self.bundle.python_argv(), "-m",
+                "sandlot.execd.zygote", str(theirs.fileno())]
+        # A clean environment: the zygote's is what /proc/<execd>/environ would show.
+        env = {**self.bundle.env(), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv, env=env, stdin=asyncio.subprocess.DEVNULL, cwd="/",
+                pass_fds=(theirs.fileno(),),
+            )
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self._sock = ours
+        self.starts += 1
+        log.info("execd zygote started (pid %s) from %s", self._proc.pid, m)
+
+    async def launch(self, init_pid: int, container_id: str, plan: dict[str, Any], token: str,
+                     stdio: Path) -> int:
+        """Start execd inside ``container_id``; its host pid. One retry on a fresh zygote."""
+        async with self._lock:
+            for attempt in (1, 2):
+                if self.pid is None or self._sock is None:
+                    await self._stop()
+                    await self._start()
+                header, fds = await asyncio.to_thread(open_launch_fds, init_pid, container_id,
+                                                      plan, token, stdio)
+                try:
+                    answer = await asyncio.wait_for(self._ask(header, fds), LAUNCH_TIMEOUT)
+                except (OSError, EOFError, TimeoutError) as exc:
+                    log.warning("execd zygote failed (%s); restarting it", exc)
+                    await self._stop()
+                    if attempt == 2:
+                        raise RuntimeFailure(f"the execd zygote failed: {exc}") from exc
+                    continue
+                except BaseException:
+                    # Cancelled mid-launch: its answer would be read as the next launch's.
+                    self._abandon()
+                    raise
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                if "pid" in answer:
+                    return int(answer["pid"])
+                raise RuntimeFailure(f"cannot start execd in {container_id}: "
+                                     f"{answer.get('error', answer)}")
+        raise AssertionError("unreachable")
+
+    async def _ask(self, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        sock = self._sock
+        assert sock is not None
+        loop = asyncio.get_running_loop()
+        socket.send_fds(sock, [json.dumps(header).encode()], fds)
+        reply = await loop.sock_recv(sock, 65536)
+        if not reply:
+            raise EOFError("the zygote closed its socket")
+        answer: dict[str, Any] = json.loads(reply)
+        return answer
+
+    def _abandon(self) -> None:
+        """Kill the zygote now; ``_stop`` (at the next launch or close) reaps it."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGKILL)
+
+    async def _stop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()  # the zygote exits at the end of its socket
+            self._sock = None
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._stop()
