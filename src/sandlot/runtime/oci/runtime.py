@@ -424,8 +424,12 @@ class OciRuntime(Runtime):
             await disklimit.mount_limited(p.root, p.rw, spec.disk_bytes)
         for d in (p.upper, p.work):
             d.mkdir(exist_ok=True)
+        # Root in the sandbox is an unprivileged host uid range (uidrange.py); its volumes
+        # are idmapped binds into that range (volumes.owner_bind).
+        uid_base = (self.ranges.allocate(spec.sandbox_id, p.root) if self.user_namespaces
+                    else None)
         staged = (await asyncio.to_thread(volumes.stage, spec.volumes, p.root, spec.sandbox_id,
-                                          self.pvcs, self.allowed_host_paths)
+                                          self.pvcs, self.allowed_host_paths, uid_base)
                   if spec.volumes else [])
         (p.upper / ocispec.WORKSPACE.lstrip("/")).mkdir(mode=0o755, exist_ok=True)
         host = ocispec.hostname(spec)
@@ -451,11 +455,7 @@ class OciRuntime(Runtime):
         if self.gvisor:
             await runsc.create_access(netns_name(spec.sandbox_id))
         lowers = list(image.lower_dirs)
-        uid_base = None
-        # Volumes are host directories owned by host ids: a sandbox with volumes runs without
-        # a user namespace until their binds are idmapped too (runc 1.1 cannot idmap binds).
-        if self.user_namespaces and not spec.volumes:
-            uid_base = self.ranges.allocate(spec.sandbox_id, p.root)
+        if uid_base is not None:
             lowers = self._shift_owners(p, lowers, uid_base)
             rootfs = self._make_rootfs_dir(spec.sandbox_id, uid_base)
         else:
