@@ -2,9 +2,11 @@
 
 - create/delete cycles leak nothing: processes, mounts, cgroups, network namespaces, runc
   state, files, the server's file handles; the server's RSS grows <= 5 MB;
-- chaos: ``kill -9`` of the server at random points of create, delete and pause; after the
-  restart every sandbox is Running and usable, or cleanly Failed or gone, and nothing the
-  runtime holds is without a record.
+- chaos: ``kill -9`` of the server at random points of create, delete, pause and snapshot;
+  after the restart every sandbox is Running and usable (a snapshot's source Running, not
+  left frozen), or cleanly Failed or gone; nothing the runtime holds is without a record;
+  every snapshot is Ready with its layer or Failed without one, and no layer or half copy
+  lies on disk without a Ready record.
 
 Sizes: ``SANDLOT_LEAK_CYCLES`` (40 by default, ~1 s each here; the 1000-cycle run, ~17 min,
 is the ``slow`` variant) and ``SANDLOT_CHAOS_RUNS`` (51 by default, ~9 s each here).
@@ -113,7 +115,7 @@ def test_1000_create_delete_cycles_leak_nothing(fresh_server: SandlotServer) -> 
     leak_check(fresh_server, 1000)
 
 
-CHAOS_OPS = ("create", "delete", "pause")
+CHAOS_OPS = ("create", "delete", "pause", "snapshot")
 
 
 def _fire(server: SandlotServer, method: str, path: str, body: object = None) -> None:
@@ -139,8 +141,30 @@ def _usable(c: httpx.Client, sid: str) -> bool:
     return r.status_code == 200
 
 
-def check_consistent(server: SandlotServer) -> None:
+def check_snapshots(server: SandlotServer, c: httpx.Client) -> None:
+    """Every snapshot record is Ready with its layer, or Failed without one; no layer, and no
+    half-copied one, without a Ready record. Then they are deleted (a clean slate)."""
+    r = c.get("/v1/snapshots", params={"pageSize": 1000})
+    assert r.status_code == 200, r.text
+    records = {item["id"]: item["status"]["state"] for item in r.json()["items"]}
+    layers = server.data_dir / "snapshots"
+    on_disk = {d.name for d in layers.iterdir()} if layers.is_dir() else set()
+    for snap, state in records.items():
+        assert state in ("Ready", "Failed"), (snap, state)  # nothing stuck in Creating
+        if state == "Ready":
+            assert (layers / snap / "meta.json").is_file(), f"Ready {snap} has no layer"
+        else:
+            assert snap not in on_disk, f"Failed snapshot {snap} left its layer behind"
+    orphans = {d for d in on_disk if records.get(d) != "Ready"}
+    assert not orphans, f"snapshot layers or copies without a Ready record: {orphans}"
+    for snap in records:
+        assert c.delete(f"/v1/snapshots/{snap}").status_code == 204
+
+
+def check_consistent(server: SandlotServer, running: str | None = None) -> None:
+    """``running``: a sandbox nobody paused (a snapshot's source): it must be Running."""
     with server.client() as c:
+        check_snapshots(server, c)
         items = c.get("/v1/sandboxes", params={"pageSize": 200}).json()["items"]  # the max
         known = set()
         for item in items:
@@ -149,6 +173,8 @@ def check_consistent(server: SandlotServer) -> None:
             if state == "gone":
                 continue
             known.add(sid)
+            if sid == running:  # a snapshot's freeze must not outlive the server
+                assert state == "Running", f"snapshot source {sid} is {state} after restart"
             if state == "Paused":
                 assert c.post(f"/v1/sandboxes/{sid}/resume").status_code in (200, 202, 204)
                 state = wait_state(c, sid, {"Running", "Failed"})
@@ -164,6 +190,7 @@ def chaos(server: SandlotServer, runs: int, seed: int) -> None:
     rng = random.Random(seed)
     for run in range(runs):
         op = CHAOS_OPS[run % len(CHAOS_OPS)]
+        source = None
         with server.client() as c:
             if op == "create":
                 _fire(server, "POST", "/v1/sandboxes", BODY)
@@ -171,16 +198,34 @@ def chaos(server: SandlotServer, runs: int, seed: int) -> None:
                 r = c.post("/v1/sandboxes", json=BODY)
                 sid = r.json()["id"]
                 assert wait_state(c, sid, {"Running", "Failed"}) == "Running"
-                method, path = (("DELETE", f"/v1/sandboxes/{sid}") if op == "delete"
-                                else ("POST", f"/v1/sandboxes/{sid}/pause"))
-                _fire(server, method, path)
+                if op == "snapshot":  # something of its own to copy
+                    source = sid
+                    write_files(c, sid)
+                method, path = {
+                    "delete": ("DELETE", f"/v1/sandboxes/{sid}"),
+                    "pause": ("POST", f"/v1/sandboxes/{sid}/pause"),
+                    "snapshot": ("POST", f"/v1/sandboxes/{sid}/snapshots"),
+                }[op]
+                _fire(server, method, path, {} if op == "snapshot" else None)
         time.sleep(rng.uniform(0, 0.3))
         server.kill9()
         server.start()
-        check_consistent(server)
+        check_consistent(server, running=source)
 
 
-def test_kill9_during_create_delete_pause_leaves_a_consistent_state(
+def write_files(c: httpx.Client, sid: str) -> None:
+    """A few MB in the sandbox's writable layer, so a snapshot's copy takes a while."""
+    ep = c.get(f"/v1/sandboxes/{sid}/endpoints/44772", params={"use_server_proxy": "true"})
+    assert ep.status_code == 200, ep.text
+    body = ep.json()
+    r = c.post(f"http://{body['endpoint']}/command", headers=body.get("headers") or {},
+               json={"command": "mkdir -p /data && for i in $(seq 40); do "
+                                "head -c 262144 /dev/urandom > /data/f$i; done"},
+               timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def test_kill9_during_create_delete_pause_snapshot_leaves_a_consistent_state(
     fresh_server: SandlotServer,  # noqa: F811
 ) -> None:
     chaos(fresh_server, CHAOS_RUNS, seed=int(os.environ.get("SANDLOT_CHAOS_SEED", "11")))

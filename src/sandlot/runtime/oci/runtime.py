@@ -302,11 +302,25 @@ class OciRuntime(Runtime):
             for cid in rt.runc.ids():  # a forked start a crash cut short (zygote.py)
                 await asyncio.to_thread(zygote.stop_if_half_started, rt.runc.root, cid,
                                         SandboxPaths.of(data_dir, cid).config_json)
+            await rt._thaw_interrupted_snapshots()
             if network is not None:
                 await network.restore(rt._container_ids())
             else:
                 await NetworkManager.remove_all(cfg, data_dir)  # left by mode "isolated"
         return rt
+
+    async def _thaw_interrupted_snapshots(self) -> None:
+        """Resume containers a snapshot froze for its copy when the server died meanwhile:
+        nobody asked for them to be paused (the snapshot itself is failed by the server)."""
+        for cid in sorted(self._container_ids()):
+            mark = SandboxPaths.of(self.data_dir, cid).snapshot_freeze
+            if not mark.exists():
+                continue
+            st = await self.runc.state(cid)
+            if st is not None and st.get("status") == "paused":
+                log.warning("resuming %s: a snapshot froze it and the server stopped", cid)
+                await self.runc.resume(cid)
+            mark.unlink(missing_ok=True)
 
     def _own_pool_dir(self) -> bool:
         """Take the data dir's pool lock; False when another live runtime (a server) holds it.
@@ -644,15 +658,19 @@ class OciRuntime(Runtime):
             cid = self.container_id(sandbox_id)
             base = self._running_image(cid)
             freeze = info.state == ContainerState.RUNNING
+            p = SandboxPaths.of(self.data_dir, cid)
             if freeze:
+                # Recorded first: a server killed during the copy leaves the container frozen,
+                # and the next start thaws it (``_thaw_interrupted_snapshots``).
+                p.snapshot_freeze.touch()
                 await self.runc.pause(cid)
             try:
-                await asyncio.to_thread(self.snapshots.commit, snapshot_id,
-                                        SandboxPaths.of(self.data_dir, cid).upper, base,
+                await asyncio.to_thread(self.snapshots.commit, snapshot_id, p.upper, base,
                                         self.snapshots.parent_of(base))
             finally:
                 if freeze:
                     await self.runc.resume(cid)
+                    p.snapshot_freeze.unlink(missing_ok=True)
 
     def _running_image(self, container_id: str) -> Image:
         """The image a container runs (its lower dirs and config), from its bundle."""
