@@ -281,7 +281,10 @@ class OciRuntime(Runtime):
         network = None
         if cfg.network.mode == "isolated":
             network = await NetworkManager.open(cfg, data_dir)
-        default_disk = cfg.runtime.default_ephemeral_storage
+        # The same default the server's bounds give a create (bounds.py), so warm
+        # containers match the creates that name no other size.
+        default_disk = (cfg.runtime.default_resources.get("ephemeral-storage")
+                        or cfg.runtime.default_ephemeral_storage)
         userns = await asyncio.to_thread(_user_namespaces_wanted, cfg, binary.path)
         rt = cls(data_dir, binary.path, bundle, cfg.runtime.pids_limit,
                  cfg.runtime.warm_pool_size, cfg.runtime.warm_pool_images,
