@@ -52,7 +52,9 @@ def host_pids_limit(guest_limit: int) -> int:
 
 
 def global_args(platform: str) -> list[str]:
-    return [f"--platform={platform}", "--network=sandbox"]
+    # --oci-seccomp: the sentry enforces config.json's seccomp profile on the workload as
+    # runc's kernel does (runsc ignores it otherwise): the same deny list and socket families.
+    return [f"--platform={platform}", "--network=sandbox", "--oci-seccomp"]
 
 
 def with_netns_check_hidden(argv: list[str]) -> list[str]:
