@@ -19,6 +19,7 @@ import pytest
 from sandlot.images.model import Image
 from sandlot.runtime.base import VolumeSpec
 from sandlot.runtime.oci import OciRuntime
+from sandlot.runtime.oci.idmap import owner_mapping
 from sandlot.runtime.oci.uidrange import FIRST_BASE
 from tests.runtime.helpers import leftovers, runc_exec, short_tmpdir, spec, wait_ping
 
@@ -117,3 +118,15 @@ async def test_root_in_a_volume_sandbox_is_unprivileged_and_acts_as_the_volume_o
     await rt.delete(sid)
     assert leftovers(rt, sid) == []
     assert (checkout / "mine").exists() and (checkout / "made").exists()  # never deleted
+
+
+@pytest.mark.parametrize("owner", [0, 1, 1000, 65534, 65535, 70000])
+def test_owner_mapping_is_one_to_one_and_never_maps_host_root_unless_it_owns(owner: int) -> None:
+    base, count = FIRST_BASE, 65536
+    lines = owner_mapping(base, owner, count)
+    inside = [i + k for i, _, n in lines for k in range(n)]
+    outside = [o + k for _, o, n in lines for k in range(n)]
+    assert len(set(inside)) == len(inside) and len(set(outside)) == len(outside)
+    assert (owner, base) in {(i, o) for i, o, _ in lines}  # the owner is the sandbox's root
+    assert all(base <= o < base + count for o in outside)  # only the sandbox's own range
+    assert (0 in inside) == (owner == 0)  # host root is nobody inside unless it owns the dir
