@@ -23,7 +23,8 @@ test: deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The slow-marked tests make test leaves out, among them the full compat suite on the runsc
-# and docker backends (heavy_backends marks, tests/compat/conftest.py).
+# and docker backends (heavy_backends marks, tests/compat/conftest.py) and the 1000
+# create/delete cycle leak run (5-41 min on the 2-core VM by load; its own timeout bounds it).
 test-heavy: deps
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 

@@ -403,7 +403,8 @@ type = "oci"          # oci (no daemon needed) | docker
 pids_limit = 4096
 # Limits of a create that names none, and the most a create may ask for.
 default_resources = { cpu = "1", memory = "2Gi" }
-# max_resources = { cpu = "4", memory = "8Gi", pids = "4096" }  # default: host CPUs/memory
+# default: host CPUs/memory/disk
+# max_resources = { cpu = "4", memory = "8Gi", pids = "4096", ephemeral-storage = "20Gi" }
 max_sandboxes = 200
 # Pre-started sandboxes per pooled image, claimed by creates in a few ms (0 turns it off).
 warm_pool_size = 2

@@ -102,7 +102,8 @@ async def test_host_volume_read_write_and_read_only(vol_server: SandlotServer,
         assert "from the host" in out and "refused" in out
         assert (src / "new").read_text() == "made\n"
         assert not (src / "nope").exists()
-        # root in the sandbox writes as root on the host (no user namespace: docs/volumes.md)
+        # root in the sandbox writes as the directory's owner, here host root (in a user
+        # namespace the volume is idmapped: docs/volumes.md, "File ownership")
         assert (src / "new").stat().st_uid == 0
         out, _ = await _sh(sandbox, "cat /mnt/ro/new")
         assert out == "made"

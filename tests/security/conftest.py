@@ -18,3 +18,10 @@ from tests.server.conftest import client, harness  # noqa: F401, E402
 def harness_runtime() -> tuple[str, Image | None]:
     """The API-bound tests check the server's own rules: the fake runtime is enough."""
     return "fake", None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Modules marked ``backends(...)`` run once per backend, as in tests/compat."""
+    from tests.compat.conftest import pytest_generate_tests as per_backend
+
+    per_backend(metafunc)

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from sandlot.config import Config
+from sandlot.errors import InvalidRequest
 from sandlot.server.bounds import CreateBounds
 from tests.server.conftest import API_KEY, Harness
 
@@ -45,6 +46,7 @@ async def test_create_without_limits_gets_the_defaults(
     ({"cpu": "1e30"}, "resourceLimits.cpu"),
     ({"pids": "100000000"}, "resourceLimits.pids"),
     ({"pids": "1.5"}, "resourceLimits.pids"),
+    ({"ephemeral-storage": "1Ei"}, "resourceLimits.ephemeral-storage"),  # > the data dir's disk
 ])
 async def test_out_of_range_quantities_are_400_naming_the_field(
     harness: Harness, client: httpx.AsyncClient, limits: dict[str, str], field: str
@@ -121,6 +123,20 @@ def _post_chunked_until_answered(harness: Harness) -> bytes:
 def test_bad_resource_config_is_refused_at_start() -> None:
     for runtime in ({"default_resources": {"cpu": "64", "memory": "1Gi"},
                      "max_resources": {"cpu": "2"}},
-                    {"default_resources": {"ephemeral-storage": "1Gi"}}):
+                    {"default_resources": {"ephemeral-storage": "2Gi"},
+                     "max_resources": {"ephemeral-storage": "1Gi"}},
+                    {"default_resources": {"ephemeral-storage": "1Gi"},
+                     "default_ephemeral_storage": "2Gi"},
+                    {"default_resources": {"disk": "1Gi"}}):
         with pytest.raises(ValueError, match="default_resources"):
             CreateBounds(Config.model_validate({"runtime": runtime}))
+
+
+def test_ephemeral_storage_has_a_default_and_a_maximum() -> None:
+    bounds = CreateBounds(Config.model_validate({"runtime": {
+        "default_resources": {"cpu": "1", "ephemeral-storage": "1Gi"},
+        "max_resources": {"ephemeral-storage": "4Gi"}}}))
+    assert bounds.disk({}) == 2**30  # every create gets a disk cap
+    assert bounds.disk({"ephemeral-storage": "4Gi"}) == 4 * 2**30
+    with pytest.raises(InvalidRequest, match="resourceLimits.ephemeral-storage"):
+        bounds.disk({"ephemeral-storage": "5Gi"})

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import logging
 from pathlib import Path
 
 from sandlot.execd.cappedlog import CappedLog
+from sandlot.execd.main import LogCap
 from sandlot.images.model import Image
 from sandlot.runtime.oci import OciRuntime
 from tests.runtime.helpers import runc_exec, spec, wait_ping
@@ -19,6 +22,30 @@ def test_capped_log_rotates_at_its_cap(tmp_path: Path) -> None:
     assert (tmp_path / "x.log").stat().st_size <= 1000
     assert (tmp_path / "x.log.1").stat().st_size == 1000
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.log", "x.log.1"]
+
+
+def test_execd_own_log_cap_counts_what_is_written() -> None:
+    """execd's log (the host-side container.log) stays near its cap even when each line is
+    a short format with long arguments a request supplied, or a long traceback."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(LogCap(max_bytes=20_000))
+    log = logging.getLogger("test-execd-cap")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        for _ in range(200):
+            log.warning("bad path %s", "x" * 1000)
+        try:
+            raise ValueError("y" * 50_000)
+        except ValueError:
+            log.exception("failed")
+    finally:
+        log.removeHandler(handler)
+    written = out.getvalue()
+    assert len(written) <= 20_000 + 1000, len(written)
+    assert "log cap reached" in written
+    assert "y" * 1000 not in written
 
 
 async def test_entrypoint_flooding_its_log_stays_under_the_cap(

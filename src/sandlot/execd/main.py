@@ -241,22 +241,35 @@ def _configure_logging(level: str) -> None:
         format="execd %(levelname)s %(name)s: %(message)s",
     )
     for handler in logging.getLogger().handlers:
-        handler.addFilter(_LogCap())
+        handler.addFilter(LogCap())
 
 
-class _LogCap:
+class LogCap:
     """Stops execd's own log (the host-side container.log) at a cap: requests from the
-    workload that make execd log must not fill the host's disk."""
+    workload that make execd log must not fill the host's disk.
+
+    Counts what is written: the message with its arguments (which may carry anything a
+    request sent, a path or a command) and any traceback, not the format string alone.
+    """
 
     def __init__(self, max_bytes: int = 4 << 20) -> None:
         self.left = max_bytes
 
     def filter(self, record: Any) -> bool:
+        import logging
+
         if self.left <= 0:
             return False
-        self.left -= len(str(record.msg)) + 100
-        if self.left <= 0:
+        try:
+            size = len(record.getMessage()) + 100
+        except Exception:  # noqa: BLE001 - a bad format: logging reports it; count the template
+            size = len(str(record.msg)) + 100
+        if record.exc_info:
+            size += len(logging.Formatter().formatException(record.exc_info))
+        self.left -= size
+        if self.left <= 0:  # this record would cross the cap: say so instead
             record.msg, record.args = "log cap reached: execd logs nothing more", ()
+            record.exc_info, record.exc_text, record.stack_info = None, None, None
         return True
 
 

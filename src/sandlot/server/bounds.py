@@ -1,8 +1,9 @@
 """The bounds every create is held to, whoever sends it (SDK, raw API, osb, MCP).
 
 - resources: ``[runtime] default_resources`` fill in what a request omits, and
-  ``[runtime] max_resources`` (by default the host's CPUs, memory and the runtime's pids
-  cap) refuse what is larger, with a 400 naming the field;
+  ``[runtime] max_resources`` (by default the host's CPUs, memory, the runtime's pids cap
+  and the data dir's disk for ``ephemeral-storage``) refuse what is larger, with a 400
+  naming the field;
 - the number of live sandboxes a server holds (``[runtime] max_sandboxes``);
 - the timeout range (a value ``timedelta`` cannot hold is a 400, not a 500);
 - endpoints: ports in 1-65535, a bounded number of host listeners per sandbox;
@@ -17,20 +18,24 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 
 from sandlot.config import Config
 from sandlot.errors import InvalidRequest, SandlotError
-from sandlot.server.quantity import parse_cpu, parse_memory, parse_quantity
+from sandlot.server.quantity import (
+    parse_cpu,
+    parse_ephemeral_storage,
+    parse_memory,
+    parse_quantity,
+)
 
 RESERVED_METADATA_PREFIX = "opensandbox.io/"
 # Longest sandbox timeout when the server sets no maximum: 10 years (a datetime that far
 # out is still representable everywhere; 10^20 seconds is not).
 TIMEOUT_CEILING_SECONDS = 10 * 365 * 24 * 3600
-# resourceLimits keys the runtime enforces, and those it knows but cannot enforce.
+# resourceLimits keys the runtime enforces (the disk cap, ``DISK_KEY``, where it can).
 ENFORCED_KEYS = ("cpu", "memory", "pids")
-UNENFORCED_KEYS = {
-    "ephemeral-storage": "the disk cap has its own key: [runtime] default_ephemeral_storage",
-}
+DISK_KEY = "ephemeral-storage"
 
 
 class LimitReached(SandlotError):
@@ -47,6 +52,18 @@ class Resources:
 
 def _host_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _max_disk(configured: str | None, data_dir: Path) -> int | None:
+    """The largest disk cap: the configured one, else the size of the data dir's file system
+    (the sparse image holding a sandbox's writes lives there; a bigger cap caps nothing)."""
+    if configured:
+        return parse_ephemeral_storage(configured)
+    try:
+        st = os.statvfs(data_dir)
+    except OSError:
+        return None  # not made yet (tests, a first start): the runtime's checks apply
+    return st.f_blocks * st.f_frsize
 
 
 def _parse_pids(value: str) -> int:
@@ -68,19 +85,42 @@ class CreateBounds:
         for section, values in (("default_resources", rt.default_resources),
                                 ("max_resources", rt.max_resources)):
             for key in values:
-                if key not in ENFORCED_KEYS:
-                    why = UNENFORCED_KEYS.get(key, f"known keys: {', '.join(ENFORCED_KEYS)}")
-                    raise ValueError(f"[runtime] {section}: {key!r} is not supported ({why})")
+                if key not in (*ENFORCED_KEYS, DISK_KEY):
+                    known = ", ".join((*ENFORCED_KEYS, DISK_KEY))
+                    raise ValueError(f"[runtime] {section}: {key!r} is not supported (known "
+                                     f"keys: {known})")
         mx = rt.max_resources
         self.max_cpu = parse_cpu(mx["cpu"]) if "cpu" in mx else float(os.cpu_count() or 1)
         self.max_memory = parse_memory(mx["memory"]) if "memory" in mx else _host_memory()
         self.max_pids = min(_parse_pids(mx["pids"]), rt.pids_limit) if "pids" in mx \
             else rt.pids_limit
+        self.max_disk = _max_disk(mx.get(DISK_KEY), cfg.data_dir)
         self.defaults = dict(rt.default_resources)
+        old_key = rt.default_ephemeral_storage
+        if DISK_KEY in self.defaults and old_key and old_key != self.defaults[DISK_KEY]:
+            raise ValueError(f"[runtime] default_resources: {DISK_KEY!r} "
+                             f"{self.defaults[DISK_KEY]!r} contradicts default_ephemeral_storage "
+                             f"{old_key!r}: set one of them")
+        self.default_disk = self.defaults.get(DISK_KEY) or old_key
         try:
             self.resources({})  # the defaults themselves must be within the maxima
+            self.disk({})
         except InvalidRequest as exc:
             raise ValueError(f"[runtime] default_resources: {exc.message}") from exc
+
+    def disk(self, limits: dict[str, str]) -> int | None:
+        """The writable layer's cap in bytes: the request's, else the default (None: no cap);
+        never above ``max_resources["ephemeral-storage"]`` or the data dir's disk."""
+        asked = limits.get(DISK_KEY) or self.default_disk
+        if not asked:
+            return None
+        size = parse_ephemeral_storage(asked)
+        if self.max_disk is not None and size > self.max_disk:
+            raise InvalidRequest(
+                f"resourceLimits.{DISK_KEY} {asked!r} exceeds this server's maximum of "
+                f"{self.max_disk} bytes ([runtime] max_resources, at most the data dir's disk)"
+            )
+        return size
 
     def resources(self, requested: dict[str, str]) -> Resources:
         """The limits a sandbox gets: the request's, else the defaults; never above the max."""

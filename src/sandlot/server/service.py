@@ -53,7 +53,6 @@ from sandlot.server.labels import check_metadata, is_reserved
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
 from sandlot.server.observers import Observers
 from sandlot.server.pools import POOL_REF, PoolService
-from sandlot.server.quantity import parse_ephemeral_storage
 from sandlot.server.resource_requests import parse_requests
 from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store import SandboxStore
@@ -371,13 +370,13 @@ class SandboxService:
 
     def _disk_bytes(self, limits: dict[str, str]) -> int | None:
         """The writable layer's cap: the request's ``ephemeral-storage`` or the default."""
-        asked = limits.get("ephemeral-storage") or self.cfg.runtime.default_ephemeral_storage
-        if not asked:
+        disk = self.bounds.disk(limits)  # 400 beyond the maximum
+        if disk is None:
             return None
         if not self.runtime.capabilities.disk_limit:
             raise Unsupported(f"ephemeral-storage limits are not supported by the "
                               f"{self.runtime.name} runtime: it cannot cap a sandbox's disk use")
-        return parse_ephemeral_storage(asked)
+        return disk
 
     async def _forget(self, rec: SandboxRecord) -> None:
         self.expiry.cancel(rec.id)

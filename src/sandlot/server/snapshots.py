@@ -57,6 +57,13 @@ class SnapshotService:
             self._records[rec.id] = rec
         for rec in list(self._records.values()):
             if rec.state == SnapshotState.CREATING:  # its capture died with the last server
+                # What the capture left (a complete layer, when it died after the copy) goes:
+                # a Failed snapshot holds nothing.
+                try:
+                    await self.runtime.delete_snapshot(rec.id)
+                except Exception:  # noqa: BLE001 - the record still says Failed; delete retries
+                    log.warning("removing the layer of interrupted snapshot %s failed", rec.id,
+                                exc_info=True)
                 rec.transition(SnapshotState.FAILED, "snapshot_interrupted",
                                "the server stopped while the snapshot was being captured")
                 await self.store.save(rec)

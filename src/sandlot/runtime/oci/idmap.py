@@ -50,8 +50,36 @@ def _check(rc: int, what: str) -> int:
     return rc
 
 
+Mapping = list[tuple[int, int, int]]  # (id inside, id outside, count): uid_map lines
+
+
 def userns_fd(base: int, count: int) -> int:
     """An fd of a new user namespace mapping ids ``0..count-1`` to ``base..base+count-1``."""
+    return userns_fd_mapped([(0, base, count)], [(0, base, count)])
+
+
+def owner_mapping(base: int, owner: int, count: int) -> Mapping:
+    """A volume's mount idmapping: on-disk ``owner`` is the sandbox's root (host ``base``),
+    every other on-disk id ``k`` in ``1..count-1`` is the sandbox's ``k`` (host ``base+k``).
+
+    On-disk root (when ``owner`` is not root) and the sandbox's own ``owner`` id are left
+    unmapped: root's files show as the overflow id inside and nobody in the sandbox acts as
+    host root there (see docs/volumes.md). ``owner`` 0 gives the plain range mapping.
+    """
+    if owner == 0:
+        return [(0, base, count)]
+    lines = [(owner, base, 1)]
+    if owner >= count:
+        return [*lines, (1, base + 1, count - 1)]
+    if owner > 1:
+        lines.append((1, base + 1, owner - 1))
+    if owner < count - 1:
+        lines.append((owner + 1, base + owner + 1, count - owner - 1))
+    return lines
+
+
+def userns_fd_mapped(uid_map: Mapping, gid_map: Mapping) -> int:
+    """An fd of a new user namespace with these uid and gid maps (the caller closes it)."""
     own = os.readlink("/proc/self/ns/user")
     proc = subprocess.Popen(["unshare", "--user", "sleep", "30"],  # noqa: S607 - util-linux
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -71,9 +99,9 @@ def userns_fd(base: int, count: int) -> int:
             if time.monotonic() > deadline:
                 raise OSError(errno.ETIMEDOUT, "unshare --user did not start")
             time.sleep(0.0002)
-        for name in ("uid_map", "gid_map"):
-            with open(f"/proc/{proc.pid}/{name}", "w") as fh:
-                fh.write(f"0 {base} {count}\n")
+        for name, lines in (("uid_map", uid_map), ("gid_map", gid_map)):
+            with open(f"/proc/{proc.pid}/{name}", "w") as fh:  # one write(2), as required
+                fh.write("".join(f"{i} {o} {n}\n" for i, o, n in lines))
         return os.open(ns_link, os.O_RDONLY | os.O_CLOEXEC)
     finally:
         proc.kill()
@@ -86,6 +114,20 @@ def idmapped_bind(source: Path, target: Path, ns_fd: int, *, read_only: bool = T
     """Bind ``source`` on ``target`` with owners shifted by ``ns_fd``'s mapping."""
     tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, str(source).encode(),
                                 OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC), f"open_tree {source}")
+    _attach_idmapped(tree, source, target, ns_fd, read_only)
+
+
+def idmapped_bind_fd(source_fd: int, target: Path, ns_fd: int, *, read_only: bool) -> None:
+    """Like ``idmapped_bind`` for the directory ``source_fd`` (an ``O_PATH`` descriptor):
+    the path is never looked up again, so no link swapped in meanwhile is followed."""
+    tree = _check(_libc.syscall(SYS_OPEN_TREE, source_fd, b"",
+                                OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH),
+                  f"open_tree fd {source_fd}")
+    _attach_idmapped(tree, Path(f"fd {source_fd}"), target, ns_fd, read_only)
+
+
+def _attach_idmapped(tree: int, source: Path, target: Path, ns_fd: int,
+                     read_only: bool) -> None:
     try:
         attr = _MountAttr(MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
                           | (MOUNT_ATTR_RDONLY if read_only else 0), 0, 0, ns_fd)

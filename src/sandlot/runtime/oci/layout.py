@@ -60,6 +60,11 @@ class SandboxPaths:
         return self.root / "etc"
 
     @property
+    def snapshot_freeze(self) -> Path:
+        """Present while a snapshot holds the container frozen for its copy."""
+        return self.root / "snapshot-freeze"
+
+    @property
     def container_log(self) -> Path:
         """stdout/stderr of the container's init process (execd)."""
         return self.root / "container.log"

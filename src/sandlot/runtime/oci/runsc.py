@@ -52,6 +52,9 @@ def host_pids_limit(guest_limit: int) -> int:
 
 
 def global_args(platform: str) -> list[str]:
+    # Not --oci-seccomp (the sentry would apply config.json's seccomp profile to the
+    # workload): with it execd cannot prepare a hibernation (tests/runtime/test_gvisor.py).
+    # The calls it would refuse reach gVisor's kernel, not the host's (docs/security.md).
     return [f"--platform={platform}", "--network=sandbox"]
 
 

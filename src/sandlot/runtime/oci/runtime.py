@@ -281,7 +281,10 @@ class OciRuntime(Runtime):
         network = None
         if cfg.network.mode == "isolated":
             network = await NetworkManager.open(cfg, data_dir)
-        default_disk = cfg.runtime.default_ephemeral_storage
+        # The same default the server's bounds give a create (bounds.py), so warm
+        # containers match the creates that name no other size.
+        default_disk = (cfg.runtime.default_resources.get("ephemeral-storage")
+                        or cfg.runtime.default_ephemeral_storage)
         userns = await asyncio.to_thread(_user_namespaces_wanted, cfg, binary.path)
         rt = cls(data_dir, binary.path, bundle, cfg.runtime.pids_limit,
                  cfg.runtime.warm_pool_size, cfg.runtime.warm_pool_images,
@@ -302,11 +305,25 @@ class OciRuntime(Runtime):
             for cid in rt.runc.ids():  # a forked start a crash cut short (zygote.py)
                 await asyncio.to_thread(zygote.stop_if_half_started, rt.runc.root, cid,
                                         SandboxPaths.of(data_dir, cid).config_json)
+            await rt._thaw_interrupted_snapshots()
             if network is not None:
                 await network.restore(rt._container_ids())
             else:
                 await NetworkManager.remove_all(cfg, data_dir)  # left by mode "isolated"
         return rt
+
+    async def _thaw_interrupted_snapshots(self) -> None:
+        """Resume containers a snapshot froze for its copy when the server died meanwhile:
+        nobody asked for them to be paused (the snapshot itself is failed by the server)."""
+        for cid in sorted(self._container_ids()):
+            mark = SandboxPaths.of(self.data_dir, cid).snapshot_freeze
+            if not mark.exists():
+                continue
+            st = await self.runc.state(cid)
+            if st is not None and st.get("status") == "paused":
+                log.warning("resuming %s: a snapshot froze it and the server stopped", cid)
+                await self.runc.resume(cid)
+            mark.unlink(missing_ok=True)
 
     def _own_pool_dir(self) -> bool:
         """Take the data dir's pool lock; False when another live runtime (a server) holds it.
@@ -424,8 +441,12 @@ class OciRuntime(Runtime):
             await disklimit.mount_limited(p.root, p.rw, spec.disk_bytes)
         for d in (p.upper, p.work):
             d.mkdir(exist_ok=True)
+        # Root in the sandbox is an unprivileged host uid range (uidrange.py); its volumes
+        # are idmapped binds into that range (volumes.owner_bind).
+        uid_base = (self.ranges.allocate(spec.sandbox_id, p.root) if self.user_namespaces
+                    else None)
         staged = (await asyncio.to_thread(volumes.stage, spec.volumes, p.root, spec.sandbox_id,
-                                          self.pvcs, self.allowed_host_paths)
+                                          self.pvcs, self.allowed_host_paths, uid_base)
                   if spec.volumes else [])
         (p.upper / ocispec.WORKSPACE.lstrip("/")).mkdir(mode=0o755, exist_ok=True)
         host = ocispec.hostname(spec)
@@ -451,11 +472,7 @@ class OciRuntime(Runtime):
         if self.gvisor:
             await runsc.create_access(netns_name(spec.sandbox_id))
         lowers = list(image.lower_dirs)
-        uid_base = None
-        # Volumes are host directories owned by host ids: a sandbox with volumes runs without
-        # a user namespace until their binds are idmapped too (runc 1.1 cannot idmap binds).
-        if self.user_namespaces and not spec.volumes:
-            uid_base = self.ranges.allocate(spec.sandbox_id, p.root)
+        if uid_base is not None:
             lowers = self._shift_owners(p, lowers, uid_base)
             rootfs = self._make_rootfs_dir(spec.sandbox_id, uid_base)
         else:
@@ -644,15 +661,19 @@ class OciRuntime(Runtime):
             cid = self.container_id(sandbox_id)
             base = self._running_image(cid)
             freeze = info.state == ContainerState.RUNNING
+            p = SandboxPaths.of(self.data_dir, cid)
             if freeze:
+                # Recorded first: a server killed during the copy leaves the container frozen,
+                # and the next start thaws it (``_thaw_interrupted_snapshots``).
+                p.snapshot_freeze.touch()
                 await self.runc.pause(cid)
             try:
-                await asyncio.to_thread(self.snapshots.commit, snapshot_id,
-                                        SandboxPaths.of(self.data_dir, cid).upper, base,
+                await asyncio.to_thread(self.snapshots.commit, snapshot_id, p.upper, base,
                                         self.snapshots.parent_of(base))
             finally:
                 if freeze:
                     await self.runc.resume(cid)
+                    p.snapshot_freeze.unlink(missing_ok=True)
 
     def _running_image(self, container_id: str) -> Image:
         """The image a container runs (its lower dirs and config), from its bundle."""

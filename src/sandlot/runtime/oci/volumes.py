@@ -1,5 +1,8 @@
 """Volumes of an OCI sandbox: host directories and pvc (named) volumes, bound in by runc.
 
+In a user-namespaced sandbox the staged bind is an idmapped mount (``owner_bind``), so files
+keep host owners on disk and the sandbox's root is the bound directory's owner there.
+
 Each volume's source is opened without following links (``hostpath.open_beneath``) and
 bind-mounted from that descriptor onto ``<sandbox dir>/volumes/<name>``, a directory only the
 server can change; config.json binds that staged mount into the container. So the path runc
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import json
 import os
@@ -31,7 +35,7 @@ from typing import Any
 from sandlot.errors import Conflict, InvalidRequest
 from sandlot.runtime.base import VolumeSpec
 from sandlot.runtime.hostpath import PathEscape, fd_path, open_beneath
-from sandlot.runtime.oci import mounts, pvcdisk
+from sandlot.runtime.oci import idmap, mounts, pvcdisk, uidrange
 from sandlot.server.quantity import parse_pvc_storage
 
 MS_BIND = 0x1000
@@ -211,12 +215,37 @@ def bind_fd(fd: int, target: Path) -> None:
         raise OSError(err, f"bind volume onto {target}: {os.strerror(err)}")
 
 
+def owner_bind(fd: int, target: Path, uid_base: int, v: VolumeSpec) -> None:
+    """Bind directory ``fd`` on ``target``, idmapped for a sandbox whose root is host
+    ``uid_base``: the directory's owner (and group) on disk is the sandbox's root, other ids
+    1-65535 are the sandbox's same ids, on-disk root is nobody inside unless it owns the
+    directory (``idmap.owner_mapping``; docs/volumes.md "File ownership")."""
+    st = os.fstat(fd)
+    ns_fd = idmap.userns_fd_mapped(
+        idmap.owner_mapping(uid_base, st.st_uid, uidrange.RANGE_SIZE),
+        idmap.owner_mapping(uid_base, st.st_gid, uidrange.RANGE_SIZE))
+    try:
+        idmap.idmapped_bind_fd(fd, target, ns_fd, read_only=v.read_only)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EPERM, errno.EOPNOTSUPP):
+            raise
+        raise _bad("INVALID_HOST_PATH" if v.kind == "host" else "UNSUPPORTED_BACKEND",
+                   f"volume {v.name!r}: its file system cannot be idmapped into the "
+                   f"sandbox's user namespace ({exc.strerror}); use a directory on ext4, "
+                   "xfs, btrfs or tmpfs, or turn [runtime] user_namespaces off") from exc
+    finally:
+        os.close(ns_fd)
+
+
 def stage(volumes: list[VolumeSpec], sandbox_root: Path, container_id: str,
-          pvcs: PvcStore, allowed_host_paths: list[str]) -> list[StagedVolume]:
+          pvcs: PvcStore, allowed_host_paths: list[str],
+          uid_base: int | None = None) -> list[StagedVolume]:
     """Open every source safely and bind it below ``sandbox_root/volumes``.
 
-    On failure what was staged stays for the caller's teardown (it unmounts everything
-    below the sandbox folder and calls ``pvcs.release``).
+    ``uid_base``: the sandbox runs in a user namespace from that host uid on; each bind is
+    then idmapped (``owner_bind``) so that the sandbox's root acts in the volume as the
+    owner of the bound directory. On failure what was staged stays for the caller's
+    teardown (it unmounts everything below the sandbox folder and calls ``pvcs.release``).
     """
     staged: list[StagedVolume] = []
     vol_dir = sandbox_root / "volumes"
@@ -246,7 +275,10 @@ def stage(volumes: list[VolumeSpec], sandbox_root: Path, container_id: str,
         try:
             target = vol_dir / v.name
             target.mkdir(mode=0o700)
-            bind_fd(fd, target)
+            if uid_base is None:
+                bind_fd(fd, target)
+            else:
+                owner_bind(fd, target, uid_base, v)
         finally:
             os.close(fd)
         staged.append(StagedVolume(v, target))
