@@ -86,7 +86,8 @@ def cycle(c: httpx.Client) -> str:
     r = c.post("/v1/sandboxes", json=BODY)
     assert r.status_code == 202, r.text
     sid = str(r.json()["id"])
-    assert wait_state(c, sid, {"Running", "Failed"}) == "Running"
+    state = wait_state(c, sid, {"Running", "Failed"})
+    assert state == "Running", c.get(f"/v1/sandboxes/{sid}").json()["status"]
     assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
     return sid
 
