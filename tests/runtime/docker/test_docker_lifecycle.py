@@ -27,7 +27,8 @@ async def test_create_connect_pause_resume_delete(
 ) -> None:
     rt = docker_runtime
     result = await rt.create(dspec("dk-life", docker_base_image, entrypoint=["sleep", "600"]))
-    assert result.execd_ready is False
+    # a cold create waits in its start slot until execd answers (admission.py, as on oci)
+    assert result.execd_ready is True
     await wait_ready(rt, "dk-life")
     info = await rt.inspect("dk-life")
     assert info.state == ContainerState.RUNNING and info.pid
