@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import urllib.parse
 from collections.abc import Iterator
 from datetime import timedelta
@@ -180,10 +181,16 @@ def test_interrupt_is_sigterm_then_sigkill_and_answers_after_the_process_is_gone
     sandbox = SandboxSync.connect(box, connection_config=sync_config(sandlot_server))
     try:
         stubborn = sandbox.commands.run(
-            "trap '' TERM INT; while true; do sleep 0.1; done",
+            "trap '' TERM INT; echo trapped; while true; do sleep 0.1; done",
             opts=RunCommandOpts(background=True),
         )
         assert stubborn.id
+        # Interrupt only once the trap is set: a SIGTERM that beats bash to its `trap` (seen
+        # under gVisor, where the shell starts slower) ends it as "terminated", rightly.
+        for _ in range(300):
+            if "trapped" in sandbox.commands.get_background_command_logs(stubborn.id).content:
+                break
+            time.sleep(0.1)
         sandbox.commands.interrupt(stubborn.id)
         status = sandbox.commands.get_command_status(stubborn.id)  # right after: already gone
         assert status.running is False
