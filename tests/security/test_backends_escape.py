@@ -36,6 +36,7 @@ export A=HOSTMARK_A B=HOSTMARK_B  # the marker is "$A$B": never whole in a comma
 CG=$(awk '$3 ~ /^cgroup/ {print $2}' /proc/self/mounts); export CG  # cgroup mount points
 try mount mount -t tmpfs none /mnt
 try unshare_user unshare -U true
+try vsock python3 -c 'import socket; socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)'
 try unshare_mount unshare -m true
 try proc_sys sh -c 'echo 1 > /proc/sys/kernel/sysrq'
 try sysrq_trigger sh -c 'echo h > /proc/sysrq-trigger'
@@ -107,5 +108,10 @@ async def test_root_in_a_sandbox_cannot_escape(server: SandlotServer) -> None:
         # gVisor answers these itself: a user namespace of its own kernel (runsc does not
         # apply sandlot's seccomp profile: docs/security.md), no host kernel surface.
         got.pop("unshare_user")
+    if server.backend == "docker":
+        # Known gap, open in issue 11 (docs/security.md, "docker"): the engine's default
+        # seccomp profile lets AF_VSOCK sockets be made; sandlot does not give Docker its own
+        # profile yet. Pinned so that a fix shows up here.
+        assert got.pop("vsock") == "ok"
     escaped = sorted(name for name, how in got.items() if how != "refused")
     assert not escaped, f"{server.backend}: root in a sandbox could {escaped}: {got}\n{mounts}"
