@@ -280,14 +280,14 @@ async def test_a_start_cut_short_is_stopped_at_the_next_open(
     rt = zygote_rt
     await rt.create(spec("zy-whole", rt_image))
     await wait_ping(rt, "zy-whole")
-    from sandlot.runtime.oci import runtime as ociruntime
+    from sandlot.runtime import admission
 
     async def no_launch(*_args: object) -> int:
         return 0
 
     assert rt.zygote is not None
     monkeypatch.setattr(rt.zygote, "launch", no_launch)
-    monkeypatch.setattr(ociruntime, "STARTED_WAIT", 0.5)
+    monkeypatch.setattr(admission, "STARTED_WAIT", 0.5)
     await rt.create(spec("zy-half", rt_image))
     half = init_pid(rt, "zy-half")
 

@@ -18,6 +18,11 @@ import os
 from collections import deque
 from collections.abc import AsyncIterator
 
+from sandlot.runtime import execd_client
+
+# How long a cold create holds its start slot waiting for execd's first /ping.
+STARTED_WAIT = 30.0
+
 
 def default_slots() -> int:
     """Two starts per CPU the server may use: a start is mostly, not only, CPU work (it also
@@ -76,3 +81,14 @@ class StartGate:
                     waiter.set_result(None)  # the slot goes straight to the next waiter
                     return
         self.running -= 1
+
+
+async def started(connect: execd_client.Connect, token: str | None) -> bool:
+    """Wait, still holding the start slot, until a new sandbox's execd answers ``/ping``
+    (True: its start-up is most of a start's CPU), or give up (False: the server's own wait
+    then decides, with its longer timeout and its error)."""
+    try:
+        await execd_client.wait_ready(connect, token, STARTED_WAIT)
+    except Exception:  # noqa: BLE001 - e.g. deleted meanwhile: the server's wait reports it
+        return False
+    return True

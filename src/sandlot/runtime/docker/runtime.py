@@ -39,7 +39,7 @@ from sandlot.errors import (
     Unsupported,
 )
 from sandlot.images.model import Image
-from sandlot.runtime import cgroupstats, execd_client
+from sandlot.runtime import admission, cgroupstats, execd_client
 from sandlot.runtime.admission import StartGate
 from sandlot.runtime.base import (
     ContainerInfo,
@@ -74,8 +74,6 @@ from sandlot.runtime.logtail import cut_to_line
 from sandlot.runtime.oci import pool
 from sandlot.runtime.oci.netns import NetnsConnector
 
-# How long a cold create holds its start slot waiting for execd's first /ping.
-STARTED_WAIT = 30.0
 log = logging.getLogger(__name__)
 
 _ARCHES = {"x86_64": "amd64", "aarch64": "arm64"}
@@ -194,14 +192,7 @@ class DockerRuntime(Runtime):
             return CreateResult(execd_ready=await self._wait_started(spec))
 
     async def _wait_started(self, spec: SandboxSpec) -> bool:
-        """Until the new sandbox's execd answers ``/ping`` (True), or give up waiting (False:
-        the server's own wait then decides, with its longer timeout and its error)."""
-        try:
-            await execd_client.wait_ready(self._execd_connect(spec.sandbox_id),
-                                          spec.execd_token, STARTED_WAIT)
-        except Exception:  # noqa: BLE001 - e.g. deleted meanwhile: the server's wait reports it
-            return False
-        return True
+        return await admission.started(self._execd_connect(spec.sandbox_id), spec.execd_token)
 
     async def _image_of(self, spec: SandboxSpec, progress: Progress | None) -> images.EngineImage:
         if spec.snapshot_id is None:

@@ -46,7 +46,7 @@ from sandlot.images.model import Image, ImageConfig, RegistryAuth
 from sandlot.net import hostmode
 from sandlot.net.manager import NetworkManager
 from sandlot.net.policy import coerce as coerce_policy
-from sandlot.runtime import cgroupstats, execd_client
+from sandlot.runtime import admission, cgroupstats, execd_client
 from sandlot.runtime.admission import StartGate
 from sandlot.runtime.base import (
     ContainerInfo,
@@ -103,8 +103,6 @@ class ImageSource(Protocol):
 # Mount points of user-namespaced sandboxes' root file systems (see ``rootfs_of``), one
 # folder per data dir.
 ROOTS_DIR = Path("/run/sandlot-rootfs")
-# How long a cold create holds its start slot waiting for execd's first /ping.
-STARTED_WAIT = 30.0
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _STATES = {
     "created": ContainerState.CREATED,
@@ -422,14 +420,7 @@ class OciRuntime(Runtime):
         return max(1, self.starts.slots // 2)
 
     async def _wait_started(self, spec: SandboxSpec) -> bool:
-        """Until the new sandbox's execd answers ``/ping`` (True), or give up waiting (False:
-        the server's own wait then decides, with its longer timeout and its error)."""
-        try:
-            await execd_client.wait_ready(self._execd_connect(spec.sandbox_id),
-                                          spec.execd_token, STARTED_WAIT)
-        except Exception:  # noqa: BLE001 - e.g. deleted meanwhile: the server's wait reports it
-            return False
-        return True
+        return await admission.started(self._execd_connect(spec.sandbox_id), spec.execd_token)
 
     async def _create(
         self, spec: SandboxSpec, image: Image, p: SandboxPaths, pooled: bool = False
