@@ -128,6 +128,15 @@ class Sandboxes:
         done = await asyncio.gather(*(one(sb) for sb in list(self.live.values())))
         return [d for d in done if d is not None]
 
+    async def shut_down(self) -> None:
+        """End of a benchmark's private server: delete what it made (through the SDK, then a
+        sweep of what is left), close the transports, stop the server and remove its data."""
+        await self.delete_all()
+        await asyncio.to_thread(self.sweep)
+        await self.aclose()
+        await asyncio.to_thread(self.server.stop)
+        self.server.remove()
+
     def sweep(self, timeout: float = 120.0) -> list[str]:
         """Delete every sandbox the server still has that is not Terminated (sync, no SDK).
 

@@ -47,11 +47,7 @@ async def _no_pool_creates(env: BenchEnv, n: int) -> list[float]:
             creates.append(elapsed)
             await boxes.delete(sandbox)
     finally:
-        await boxes.delete_all()
-        await asyncio.to_thread(boxes.sweep)
-        await boxes.aclose()
-        await asyncio.to_thread(server.stop)
-        server.remove()
+        await boxes.shut_down()
     return creates
 
 

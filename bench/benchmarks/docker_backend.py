@@ -137,11 +137,7 @@ async def run(env: BenchEnv) -> list[Row]:
         creates, rtt = await _measure(env, boxes)
         state_rows = await _measure_snapshots(env, boxes)
     finally:
-        await boxes.delete_all()
-        await asyncio.to_thread(boxes.sweep)
-        await boxes.aclose()
-        await asyncio.to_thread(server.stop)
-        server.remove()
+        await boxes.shut_down()
 
     sc = env.scale
     base_create: list[float] = []

@@ -53,11 +53,7 @@ async def _one_launch(env: BenchEnv, launch: str, serial: int,
         if execds:
             out["cpu"] = [cpu_percent_over(execds, max(1.0, env.scale.settle_seconds))]
     finally:
-        await boxes.delete_all()
-        await asyncio.to_thread(boxes.sweep)
-        await boxes.aclose()
-        await asyncio.to_thread(server.stop)
-        server.remove()
+        await boxes.shut_down()
     return out
 
 

@@ -179,11 +179,7 @@ async def run(env: BenchEnv) -> list[Row]:
             await asyncio.to_thread(server.start)
             created, rtt = await _measure(env, boxes, creates)
         finally:
-            await boxes.delete_all()
-            await asyncio.to_thread(boxes.sweep)
-            await boxes.aclose()
-            await asyncio.to_thread(server.stop)
-            server.remove()
+            await boxes.shut_down()
         # The same with one warm Pod of ``base`` kept ([kubernetes] warm_pool_size).
         server = _server(env, kubectl, 1)
         boxes = Sandboxes(server, env.sandboxes.run_id)
@@ -191,11 +187,7 @@ async def run(env: BenchEnv) -> list[Row]:
             await asyncio.to_thread(server.start)
             warm = await _measure_warm(env, boxes, kubectl, creates)
         finally:
-            await boxes.delete_all()
-            await asyncio.to_thread(boxes.sweep)
-            await boxes.aclose()
-            await asyncio.to_thread(server.stop)
-            server.remove()
+            await boxes.shut_down()
         base_create, base_rtt = await asyncio.to_thread(
             _raw, kubectl, env.scale.command_runs, creates)
     finally:

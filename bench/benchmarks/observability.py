@@ -188,12 +188,8 @@ async def _run(env: BenchEnv) -> list[Row]:
             stop.set()
             if scraper is not None:
                 await asyncio.gather(scraper, return_exceptions=True)
-            for boxes, server in ((on, on_server), (off, off_server)):
-                await boxes.delete_all()
-                await asyncio.to_thread(boxes.sweep)
-                await boxes.aclose()
-                await asyncio.to_thread(server.stop)
-                server.remove()
+            for boxes in (on, off):
+                await boxes.shut_down()
     return [
         Row(key="observability.create", bench=BENCH, label=LABELS["observability.create"],
             unit="ms", sandlot=Measured("sandlot[on]", ms(create_on)),
