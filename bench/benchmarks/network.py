@@ -16,8 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import statistics
 import subprocess
 import time
+from pathlib import Path
+from typing import Any
 
 import httpx
 from opensandbox import Sandbox
@@ -27,6 +30,7 @@ from tests.net.testhosts import HOST, nsenter, test_network, thread_in_netns
 
 from bench.env import BenchEnv
 from bench.results import Measured, Row, Target, ms
+from bench.rootfs import RootfsUnavailable
 from bench.sdk import Sandboxes
 from bench.server import SandlotServer
 
@@ -35,6 +39,7 @@ KEYS = ("network.create", "network.create_delta", "network.create_policy",
         "network.create_cold", "network.create_cold_delta",
         "network.throughput", "network.throughput_ratio", "network.dns",
         "network.policy_patch", "network.fanout")
+WARM = 2  # warm pool size of the two warm servers
 POLICY = NetworkPolicy(defaultAction="deny", egress=[
     NetworkRule(action="allow", target="allowed.test"),
     NetworkRule(action="allow", target="*.wild.test")])
@@ -75,16 +80,23 @@ async def _sh(sandbox: Sandbox, cmd: str) -> str:
     return "\n".join(m.text for m in ex.logs.stdout)  # one message per line (execd framing)
 
 
+CURL_ARGS = ["curl", "-sS", "-o", "-", "-w", "%{stderr}%{speed_download}",
+             f"http://{HOST}/big.bin"]
+
+
 def _curl_mbps(prefix: list[str]) -> float | None:
-    r = subprocess.run([*prefix, "curl", "-sS", "-o", "/dev/null", "-w", "%{speed_download}",
-                        f"http://{HOST}/big.bin"], capture_output=True, text=True, timeout=120)
-    return float(r.stdout) / 1e6 if r.returncode == 0 and r.stdout else None
+    """The host side's download, with the sandbox image's own curl when ``prefix`` chroots
+    into its rootfs: the body goes to /dev/null through stdout (nothing is written into the
+    image), the speed to stderr."""
+    r = subprocess.run([*prefix, *CURL_ARGS], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    return float(r.stderr) / 1e6 if r.returncode == 0 and r.stderr else None
 
 
 async def run(env: BenchEnv) -> list[Row]:
     quick = env.quick
-    n_create, n_dns, n_patch = (3, 20, 5) if quick else (30, 300, 50)
-    n_fan, n_tp = (5, 1) if quick else (50, 3)
+    n_create, n_dns, n_patch = (4, 20, 5) if quick else (30, 300, 50)
+    n_fan, n_tp = (5, 2) if quick else (50, 9)
     run_id = f"net-{int(time.time())}"
     rows: list[Row] = []
     with test_network(env.workdir / "netlab") as lab, thread_in_netns(lab.server_ns):
@@ -93,8 +105,9 @@ async def run(env: BenchEnv) -> list[Row]:
                     f'subnet = "{subnet}"\n[egress]\nmode = "dns+nft"\n')
 
         isolated = isolated_toml("100.88.0.0/16")
-        on = SandlotServer(image_cache=env.image_cache, warm_pool_size=2, network_toml=isolated)
-        off = SandlotServer(image_cache=env.image_cache, warm_pool_size=2)
+        on = SandlotServer(image_cache=env.image_cache, warm_pool_size=WARM,
+                            network_toml=isolated)
+        off = SandlotServer(image_cache=env.image_cache, warm_pool_size=WARM)
         # Two isolated servers in one namespace: each needs a subnet of its own.
         cold_on = SandlotServer(image_cache=env.image_cache, warm_pool_size=0,
                                 network_toml=isolated_toml("100.89.0.0/16"))
@@ -105,9 +118,10 @@ async def run(env: BenchEnv) -> list[Row]:
         try:
             for server in servers:
                 server.start()
-            rows += await _creates(son, soff, n_create)
-            rows += await _cold_creates(scold_on, scold_off, 2 if quick else n_create)
-            rows += await _traffic(son, n_dns, n_patch, n_tp, lab.server_ns)
+            rows += await _creates(son, soff, on, off, n_create)
+            rows += await _cold_creates(scold_on, scold_off, 2 if quick else 12)
+            rows += await _traffic(son, n_dns, n_patch, n_tp, lab.server_ns,
+                                   _image_curl(env))
             rows.append(await _fanout(son, n_fan))
         finally:
             for s in (son, soff, scold_on, scold_off):
@@ -120,30 +134,56 @@ async def run(env: BenchEnv) -> list[Row]:
     return rows
 
 
-async def _creates(son: Sandboxes, soff: Sandboxes, n: int) -> list[Row]:
+async def _pool_ready(server: SandlotServer, want: int, timeout: float = 60.0) -> None:
+    """Wait until ``server``'s warm pool holds ``want`` ready sandboxes again: a claim's refill
+    (which sets a network up on the isolated server) must not overlap the next measured
+    create, or the rows measure the refill's contention instead of the create."""
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=10,
+                                 headers={"OPEN-SANDBOX-API-KEY": server.api_key}) as client:
+        while time.monotonic() < deadline:
+            r = await client.get("/metrics")
+            ready = sum(float(line.rsplit(" ", 1)[1]) for line in r.text.splitlines()
+                        if line.startswith("sandlot_warm_pool_ready{"))
+            if ready >= want:
+                return
+            await asyncio.sleep(0.1)
+
+
+async def _creates(son: Sandboxes, soff: Sandboxes, on_server: SandlotServer,
+                   off_server: SandlotServer, n: int) -> list[Row]:
     on: list[float] = []
     off: list[float] = []
     policy: list[float] = []
-    for _ in range(n):
-        for samples, sb_set, kwargs in ((off, soff, {}), (on, son, {}),
-                                        (policy, son, {"network_policy": POLICY})):
-            await asyncio.sleep(0.6)  # the warm pool refills after each claim
+    for i in range(n):
+        order: list[tuple[list[float], Sandboxes, dict[str, Any]]] = [
+            (off, soff, {}), (on, son, {}), (policy, son, {"network_policy": POLICY})]
+        if i % 2:  # alternate the order: drift within a round hits both sides alike
+            order.reverse()
+        for samples, sb_set, kwargs in order:
+            await _pool_ready(on_server, WARM)
+            await _pool_ready(off_server, WARM)
             sandbox, seconds = await sb_set.create(**kwargs)
             samples.append(seconds)
             await sb_set.delete(sandbox)
     delta = [a - b for a, b in zip(on, off, strict=True)]
+    delta_policy = [a - b for a, b in zip(policy, off, strict=True)]
+    p50_gap = statistics.median(on) - statistics.median(off)
     return [
         Row(key="network.create", bench=BENCH, label="create to Running, networking on",
             unit="ms", sandlot=Measured("isolated", ms(on)),
-            baselines=[Measured("networking off", ms(off))]),
+            baselines=[Measured("networking off", ms(off))],
+            note="warm pools full before each create; the order alternates per round"),
         Row(key="network.create_delta", bench=BENCH,
             label="create: on minus off (same round)", unit="ms",
             sandlot=Measured("on - off", ms(delta)), target=Target("<=", 3, "p50", "issue 12"),
-            note="pairs of creates alternating between the two servers"),
+            note=f"pairwise; p50(on) - p50(off) = {p50_gap * 1000:.1f} ms"),
         Row(key="network.create_policy", bench=BENCH,
             label="create to Running with a deny+allow networkPolicy", unit="ms",
             sandlot=Measured("isolated + policy", ms(policy)),
-            baselines=[Measured("networking off", ms(off))]),
+            baselines=[Measured("networking off", ms(off))],
+            note="policy minus off, pairwise: p50 "
+                 f"{statistics.median(delta_policy) * 1000:.1f} ms"),
     ]
 
 
@@ -169,8 +209,17 @@ async def _cold_creates(son: Sandboxes, soff: Sandboxes, n: int) -> list[Row]:
     ]
 
 
+def _image_curl(env: BenchEnv) -> Path | None:
+    """The base image's rootfs (its curl is the one the sandbox runs), if resolvable."""
+    try:
+        root = env.rootfs()
+    except RootfsUnavailable:
+        return None
+    return root if (root / "usr/bin/curl").exists() else None
+
+
 async def _traffic(son: Sandboxes, n_dns: int, n_patch: int, n_tp: int,
-                   server_ns: str) -> list[Row]:
+                   server_ns: str, image_root: Path | None) -> list[Row]:
     sandbox, _ = await son.create(network_policy=POLICY)
     resolv = await _sh(sandbox, "cat /etc/resolv.conf")
     gateway = resolv.split("nameserver", 1)[1].split()[0]
@@ -192,19 +241,29 @@ async def _traffic(son: Sandboxes, n_dns: int, n_patch: int, n_tp: int,
     tp_sandbox: list[float] = []
     tp_host: list[float] = []
     ratio: list[float] = []  # of the same round's pair
-    for _ in range(n_tp):
-        out = await _sh(sandbox, "curl -sS -o /dev/null -w '%{speed_download}' "
-                                 "http://allowed.test/big.bin")
-        got = float(out) / 1e6 if out.strip() else None
+    # The same program on both sides: the host side runs the image's curl binary (chroot into
+    # the base rootfs); both download by address (the DNS row measures names). Named
+    # namespace explicitly: a worker thread may have been started in the machine's own
+    # namespace, and this download must never leave the test namespaces.
+    host_prefix = nsenter(server_ns) + (["chroot", str(image_root)] if image_root else [])
+    sandbox_cmd = " ".join(f"'{a}'" for a in CURL_ARGS) + " >/dev/null"
+    for i in range(n_tp):
+        pair: dict[str, float | None] = {}
+        for side in (("sandbox", "host") if i % 2 == 0 else ("host", "sandbox")):
+            if side == "sandbox":
+                ex = await sandbox.commands.run(sandbox_cmd)
+                err = "".join(m.text for m in ex.logs.stderr).strip()
+                pair[side] = float(err) / 1e6 if ex.exit_code == 0 and err else None
+            else:
+                pair[side] = await asyncio.to_thread(_curl_mbps, host_prefix)
+        got, host = pair["sandbox"], pair["host"]
         if got is not None:
             tp_sandbox.append(got)
-        # Named explicitly: a worker thread may have been started in the machine's own
-        # namespace, and this download must never leave the test namespaces.
-        host = await asyncio.to_thread(_curl_mbps, nsenter(server_ns))
         if host is not None:
             tp_host.append(host)
         if got is not None and host:
             ratio.append(100 * got / host)
+    same = "the image's curl on both sides" if image_root else "host's curl vs the image's"
     rows.append(Row(key="network.throughput", bench=BENCH,
                     label="TCP download sandbox -> test host (100 MiB)", unit="MB/s",
                     sandlot=Measured("sandbox", tp_sandbox), higher_is_better=True,
@@ -214,7 +273,7 @@ async def _traffic(son: Sandboxes, n_dns: int, n_patch: int, n_tp: int,
                     label="download: sandbox as % of the host namespace (same round)",
                     unit="%", sandlot=Measured("sandbox / host", ratio), higher_is_better=True,
                     target=Target(">=", 50, "p50", "issue 12"),
-                    note="pairs measured back to back; the sandbox's curl has 1 CPU"))
+                    note=f"pairs back to back, order alternating; {same}"))
 
     ep = await sandbox.get_endpoint(18080)
     headers = dict(ep.headers or {})

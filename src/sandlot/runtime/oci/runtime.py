@@ -881,9 +881,19 @@ class OciRuntime(Runtime):
         try:
             # gVisor keeps its hostname inside the sentry: not settable from the host.
             pid = None if self.gvisor else claimops.init_pid(self.runc.root, cid)
-            await asyncio.to_thread(self._claim_host_side, spec, cid, pid, p)
+            host_side = asyncio.to_thread(self._claim_host_side, spec, cid, pid, p)
             if self.network is not None and spec.network_policy is not None:
-                await self.network.set_policy(cid, spec.network_policy)
+                # The policy's nft batch and the limits/hostname are independent: side by
+                # side (both before execd's claim starts the workload, so the policy holds
+                # from its first packet).
+                results = await asyncio.gather(
+                    host_side, self.network.set_policy(cid, spec.network_policy),
+                    return_exceptions=True)
+                for res in results:
+                    if isinstance(res, BaseException):
+                        raise res
+            else:
+                await host_side
             await execd_client.claim(self._execd_connect(cid), warm.token,
                                      env=self._claim_env(spec, image), token=spec.execd_token,
                                      entrypoint=list(spec.entrypoint))
