@@ -64,14 +64,18 @@ print(" ".join(f"{x:.7f}" for x in out))
 print(f"lost {lost}", file=sys.stderr)
 '''
 FANOUT_SCRIPT = r'''
-import concurrent.futures, urllib.request
+import collections, concurrent.futures, sys, urllib.request
 def get(_):
     try:
-        return urllib.request.urlopen("http://allowed.test/hello.txt", timeout=20).read() != b""
-    except Exception:
-        return False
+        ok = urllib.request.urlopen("http://allowed.test/hello.txt", timeout=20).read() != b""
+        return "" if ok else "empty body"
+    except Exception as exc:  # what failed goes to stderr (the row's note)
+        return f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
 with concurrent.futures.ThreadPoolExecutor(20) as pool:
-    print(sum(not ok for ok in pool.map(get, range(20))))
+    errors = [e for e in pool.map(get, range(20)) if e]
+print(len(errors))
+for err, n in collections.Counter(errors).items():
+    print(f"{n}x {err}", file=sys.stderr)
 '''
 
 
@@ -311,14 +315,21 @@ async def _fanout(son: Sandboxes, n: int) -> Row:
     for sandbox in sandboxes:
         await sandbox.files.write_files([WriteEntry(path="/tmp/fan.py", data=FANOUT_SCRIPT)])
     t0 = time.perf_counter()
-    outs = await asyncio.gather(*(_sh(sb, "python3 /tmp/fan.py") for sb in sandboxes))
+    runs = await asyncio.gather(*(sb.commands.run("python3 /tmp/fan.py") for sb in sandboxes))
     seconds = time.perf_counter() - t0
-    failures = [float(o.strip() or 20) for o in outs]
+    failures = [float("".join(m.text for m in ex.logs.stdout).strip() or 20) for ex in runs]
+    why: dict[str, int] = {}
+    for ex in runs:
+        for line in "".join(m.text for m in ex.logs.stderr).splitlines():
+            count, _, err = line.partition("x ")
+            if count.isdigit():
+                why[err] = why.get(err, 0) + int(count)
     await asyncio.gather(*(son.delete(sb) for sb in sandboxes))
     return Row(key="network.fanout", bench=BENCH,
                label=f"{n} sandboxes x 20 outbound connections at once: failures",
                unit="count", sandlot=Measured("failures per sandbox", failures),
                target=Target("<=", 0, "max", "issue 12"),
-               note=f"{n * 20} connections in {seconds:.1f} s")
+               note=f"{n * 20} connections in {seconds:.1f} s"
+               + "".join(f"; {k} x{v}" for k, v in sorted(why.items())))
 
 

@@ -4,9 +4,10 @@ One UDP and TCP listener per sandbox on its gateway address, port 53, in the ser
 namespace (the workload reaches nothing else on the host). A denied name gets NXDOMAIN (and
 a log line naming the rule or the default that denied it); a permitted query is forwarded
 as is to the upstream resolvers (positive answers are kept per sandbox for their smallest
-TTL), and in ``dns+nft`` mode the A records of the answer go into the sandbox's nft allow
-set for their TTL *before* the answer is sent, so the connection that follows finds its
-address allowed. Packets are parsed and built with dnslib.
+TTL; identical queries arriving while one is upstream share its answer), and in ``dns+nft``
+mode the A records of the answer go into the sandbox's nft allow set for their TTL *before*
+the answer is sent, so the connection that follows finds its address allowed. Packets are
+parsed and built with dnslib.
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ class DnsFilter(asyncio.DatagramProtocol):
         self.transport: asyncio.DatagramTransport | None = None
         self.tcp: asyncio.Server | None = None
         self._cache: dict[CacheKey, _Cached] = {}
+        # Upstream questions in flight: identical queries arriving meanwhile wait for the
+        # same answer (a burst of 20 connections asks the same name 20 times at once).
+        self._inflight: dict[CacheKey, asyncio.Future[bytes | None]] = {}
         self._denied_logged: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -143,10 +147,22 @@ class DnsFilter(asyncio.DatagramProtocol):
             left = int(cached.expires - now)
             found = [(ip, left) for ip, _ in cached.addresses]
         else:
-            answer = await forward(data, self.upstreams)
+            pending = self._inflight.get(key)
+            if pending is not None:
+                answer = await asyncio.shield(pending)
+            else:
+                pending = asyncio.get_running_loop().create_future()
+                self._inflight[key] = pending
+                try:
+                    answer = await forward(data, self.upstreams)
+                    pending.set_result(answer)
+                finally:
+                    if not pending.done():
+                        pending.set_result(None)
+                    self._inflight.pop(key, None)
             if answer is None:
                 return _error(request, RCODE.SERVFAIL)
-            raw = answer
+            raw = data[:2] + answer[2:]  # under this query's id (a shared answer has another)
             try:
                 reply = DNSRecord.parse(raw)
             except Exception:  # noqa: BLE001 - an upstream's garbage is not passed on
