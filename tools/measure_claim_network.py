@@ -8,7 +8,7 @@ often. Printed: p50/p90 of each, and of the
 pairwise differences. Runs inside the test namespaces of ``tests/net`` (a process started in
 the server's namespace): nothing touches the machine's own. As root:
 
-    .venv/bin/python tools/measure_claim_network.py --n 30
+    PYTHONPATH=. .venv/bin/python tools/measure_claim_network.py --n 30
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ load drift hits both alike. Variants isolate the parts of the path:
 
 Run as root from the repository root:
 
-    .venv/bin/python tools/measure_throughput.py --rounds 7
+    PYTHONPATH=. .venv/bin/python tools/measure_throughput.py --rounds 7
 """
 
 from __future__ import annotations
@@ -108,6 +108,8 @@ async def _measure(rounds: int, variants: list[str], server_ns: str, server_pid:
                 prefix = in_sbx
                 if v == "no-nft":
                     firewall.run(f"delete table inet {firewall.TABLE}\n")
+                elif v.startswith("cgroup") and not CPU_V1.is_dir():
+                    raise SystemExit("the cgroup variants need the cgroup v1 cpu controller")
                 elif v.startswith("cgroup"):
                     prefix = [*_cgroup_prefix(group, v == "cgroup"), *in_sbx]
                 host, hc, hs = _curl(in_srv, server_pid)
