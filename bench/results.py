@@ -104,6 +104,16 @@ class Row:
         }
 
 
+def ratio_target(op: Literal["<=", ">="], factor: float, base: Measured | None,
+                 source: str, stat: str = "p50") -> Target | None:
+    """A target that is a ratio to a same-run baseline's p50 (issue 15's), as this run's
+    value; None when the baseline was not measured."""
+    if base is None or not base.samples:
+        return None
+    return Target(op, round(factor * base.summary.stat("p50"), 3), stat,
+                  f"{source}: {factor:g}x {base.name} p50")
+
+
 def skipped(key: str, bench: str, label: str, unit: str, note: str,
             target: Target | None = None) -> Row:
     """A row for a figure that could not be measured in this run, with the reason."""

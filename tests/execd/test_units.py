@@ -227,6 +227,20 @@ def test_output_events_decode_to_each_line_with_blank_lines_as_newline() -> None
             assert isinstance(event["timestamp"], int)
 
 
+def test_output_events_with_control_characters_match_the_json_encoder() -> None:
+    # ANSI colours, backspace, form feed, NUL: escaped as Python's JSON encoder escapes them,
+    # in the same pass as plain text (no per-line path).
+    lines = [b"\x1b[31mred\x1b[0m\tok\x08\x0c\x00", b"", b'say "hi" \\ \r done']
+    blob = sse.encode_lines("stdout", lines)
+    for raw, encoded in zip(lines, blob.split(b"\n"), strict=True):
+        event = json.loads(encoded)
+        text = raw.decode() or "\n"
+        assert event["text"] == text
+        expected = json.dumps({"type": "stdout", "timestamp": event["timestamp"], "text": text},
+                              ensure_ascii=False, separators=(",", ":"))
+        assert encoded == expected.encode()
+
+
 def test_output_events_replace_invalid_utf8() -> None:
     event = json.loads(sse.encode_lines("stdout", [b"ok\xff\xfe"]))
     assert event["text"] == "ok\ufffd\ufffd"

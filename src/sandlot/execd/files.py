@@ -179,9 +179,19 @@ def _type_field(st_mode: int) -> str:
     return f'"type":"{entry_type(st_mode)}"'
 
 
-@lru_cache(maxsize=1024)
-def _owner_fields(uid: int, gid: int) -> str:
-    return f'"owner":{_json_text(user_name(uid))},"group":{_json_text(group_name(gid))}'
+@lru_cache(maxsize=4096)
+def _tail_fields(uid: int, gid: int, st_mode: int) -> str:
+    """``"owner":..,"group":..,"mode":N}``: the fields that come from few distinct values."""
+    return (f'"owner":{_json_text(user_name(uid))},"group":{_json_text(group_name(gid))},'
+            f'"mode":{mode_digits(st_mode)}}}')
+
+
+def _json_texts(texts: list[str]) -> list[str]:
+    """Each string's JSON literal, without its quotes, in one encoder call for all of them:
+    joined by NUL, which no path holds and the encoder writes as ``\\u0000``."""
+    if not texts:
+        return []
+    return _json_text("\0".join(texts))[1:-1].split("\\u0000")
 
 
 def listing_json(entries: Iterable[tuple[str, os.stat_result]]) -> bytes:
@@ -189,16 +199,23 @@ def listing_json(entries: Iterable[tuple[str, os.stat_result]]) -> bytes:
 
     A 10,000-entry listing spent two thirds of its time building a dict per entry and in
     the generic JSON encoder (py-spy, docs/benchmarks.md); only the path and the names need
-    escaping, the other fields are numbers and fixed ASCII. Same bytes as
+    escaping, the other fields are numbers and fixed ASCII. Per entry this is one f-string:
+    the paths are escaped in one call, the fields that depend on few values (type; owner,
+    group, mode) come from caches, and a file whose change time equals its modification
+    time (most) formats one timestamp. Same bytes as
     ``json.dumps([file_info(...)], ensure_ascii=False, separators=(",", ":"))``.
     """
+    entries = list(entries)
     iso = _iso_ns
-    parts = [
-        f'{{"path":{_json_text(path)},{_type_field(st.st_mode)},"size":{st.st_size},'
-        f'"modified_at":"{iso(st.st_mtime_ns)}","created_at":"{iso(st.st_ctime_ns)}",'
-        f'{_owner_fields(st.st_uid, st.st_gid)},"mode":{mode_digits(st.st_mode)}}}'
-        for path, st in entries
-    ]
+    parts: list[str] = []
+    append = parts.append
+    for path, (_, st) in zip(_json_texts([path for path, _ in entries]), entries, strict=True):
+        mode, mtime, ctime = st.st_mode, st.st_mtime_ns, st.st_ctime_ns
+        modified = iso(mtime)
+        append(f'{{"path":"{path}",{_type_field(mode)},"size":{st.st_size},'
+               f'"modified_at":"{modified}",'
+               f'"created_at":"{modified if ctime == mtime else iso(ctime)}",'
+               f'{_tail_fields(st.st_uid, st.st_gid, mode)}')
     return ("[" + ",".join(parts) + "]").encode()
 
 
@@ -498,24 +515,28 @@ class FileRoutes:
 
 
 def walk(root: str, *, max_depth: int | None) -> Iterator[tuple[str, os.stat_result]]:
-    """Entries under ``root`` depth-first in lexical order; symlinks are not followed."""
+    """Entries under ``root`` depth-first in lexical order; symlinks are not followed.
+
+    Names from ``listdir`` (plain strings) and one ``lstat`` each: measured on 10,000 files,
+    ``scandir``'s entry objects sorted by name and then stat'ed cost 1.5x this."""
 
     def visit(directory: str, level: int) -> Iterator[tuple[str, os.stat_result]]:
         try:
-            with os.scandir(directory) as it:
-                entries = sorted(it, key=lambda e: e.name)
+            names = sorted(os.listdir(directory))
         except PermissionError:
             if level == 1:
                 raise
             return
-        for entry in entries:
+        prefix = directory if directory.endswith("/") else directory + "/"
+        for name in names:
+            path = prefix + name
             try:
-                st = entry.stat(follow_symlinks=False)
+                st = os.lstat(path)
             except OSError:
                 continue
-            yield entry.path, st
+            yield path, st
             if stat.S_ISDIR(st.st_mode) and (max_depth is None or level < max_depth):
-                yield from visit(entry.path, level + 1)
+                yield from visit(path, level + 1)
 
     if max_depth is not None and max_depth <= 0:
         return iter(())

@@ -19,7 +19,9 @@ from typing import Any
 from sandlot.execd import sse
 from sandlot.execd.segments import SegmentedFile, SegmentReader
 
-READ_BLOCK = 256 * 1024
+# A follower reads at most this much per step; a fast stream's step is then one HTTP chunk
+# of a few hundred events rather than many small ones (each a send and a wake-up).
+READ_BLOCK = 1 << 20
 INDEX_EVERY = 1024
 # Each journal of an execution (events, raw output) keeps at most about this much on disk:
 # past it the oldest output is dropped (see segments.py).
@@ -158,6 +160,10 @@ class EventJournal:
                     pos += len(block)
                     if not sse_frames:  # JSON lines: each needs just a blank line after it
                         cut = data.rfind(b"\n") + 1
+                        if cut == len(data):  # the usual case: appends end lines
+                            pending = b""
+                            yield data.replace(b"\n", b"\n\n")
+                            continue
                         pending = data[cut:]
                         if cut:
                             yield data[:cut].replace(b"\n", b"\n\n")

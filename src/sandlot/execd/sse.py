@@ -123,7 +123,14 @@ def encode_data(event: Mapping[str, Any]) -> str:
     return data
 
 
-_CONTROL = bytes(c for c in range(0x20) if c not in (0x09, 0x0A, 0x0D))
+# Control characters JSON must escape, other than the line terminator; the short escapes
+# Python's JSON encoder uses, \u00XX for the rest (the same bytes it would write).
+_SHORT_ESCAPES = {0x08: b"\\b", 0x09: b"\\t", 0x0C: b"\\f", 0x0D: b"\\r"}
+_CONTROL_ESCAPES = {
+    c: _SHORT_ESCAPES.get(c, b"\\u%04x" % c) for c in range(0x20) if c != 0x0A
+}
+# Deleting every byte but those leaves only the control characters a region holds.
+_ALL_BUT_CONTROL = bytes(c for c in range(256) if c not in _CONTROL_ESCAPES)
 _BREAKERS_UTF8 = tuple((ch.encode(), f"\\u{ord(ch):04x}".encode()) for ch in _LINE_BREAKERS)
 
 
@@ -133,34 +140,25 @@ def encode_region(type_: str, region: bytes) -> bytes:
     blank line is sent as ``"\\n"``, as the reference does. Invalid UTF-8 becomes U+FFFD.
 
     The whole region is escaped and cut into events with byte replaces (C speed) rather than
-    a Python step per line, so a stream of many short lines stays cheap; text with control
-    characters other than tab/CR takes the JSON encoder line by line."""
+    a Python step per line, so a stream of many short lines stays cheap; that includes
+    control characters (ANSI colours, backspaces): one ``translate`` finds which occur, and
+    each of those is one more replace."""
     try:
         text = region.decode()
     except UnicodeDecodeError:
         region = region.decode(errors="replace").encode()
         text = region.decode()
-    if len(region.translate(None, _CONTROL)) != len(region):
-        ts = now_ms()
-        return b"\n".join(
-            encode_data({"type": type_, "timestamp": ts, "text": line or "\n"}).encode()
-            for line in text[:-1].split("\n")
-        )
-    escaped = (
-        region.replace(b"\\", b"\\\\")
-        .replace(b'"', b'\\"')
-        .replace(b"\r", b"\\r")
-        .replace(b"\t", b"\\t")
-    )
+    escaped = region.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
+    for code in set(region.translate(None, _ALL_BUT_CONTROL)):
+        escaped = escaped.replace(bytes((code,)), _CONTROL_ESCAPES[code])
     if not text.isascii():
         for utf8, esc in _BREAKERS_UTF8:
             escaped = escaped.replace(utf8, esc)
-    if b"\n\n" in escaped or escaped[:1] == b"\n":  # blank lines: their text is "\n"
-        escaped = b"\0" + escaped if escaped[:1] == b"\n" else escaped
-        escaped = escaped.replace(b"\n\n", b"\n\0\n").replace(b"\n\n", b"\n\0\n")
-        escaped = escaped.replace(b"\0", b"\\n")  # \0 is free: no control characters here
     head = b'{"type":"%s","timestamp":%d,"text":"' % (type_.encode(), now_ms())
-    return head + escaped[:-1].replace(b"\n", b'"}\n' + head) + b'"}'
+    out = head + escaped[:-1].replace(b"\n", b'"}\n' + head) + b'"}'
+    # A blank line's event has the empty text so far: its text is "\n". ``"text":""}`` can
+    # only be that (every quote of the output's text is escaped).
+    return out.replace(b'"text":""}', b'"text":"\\n"}')
 
 
 def encode_lines(type_: str, lines: list[bytes]) -> bytes:

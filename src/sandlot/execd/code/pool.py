@@ -41,12 +41,19 @@ class WarmPool:
         slot = self._slots.pop(language, None)
         if slot is None:
             return None
-        self.fill(language)
+        # A ready kernel is replaced at once. One still starting (a take right after
+        # another) is replaced once it is up: it then has the CPU to itself instead of
+        # sharing it with its replacement (two kernels starting at once on a small sandbox
+        # each take about twice as long, and this caller waits for the first).
+        if slot.done():
+            self.fill(language)
         try:
             kernel = await slot
         except Exception as exc:  # a failed warm start: the caller starts one cold
             log.warning("warm %s kernel failed to start: %s", language, exc)
             return None
+        finally:
+            self.fill(language)
         if not await kernel.is_alive():
             await kernel.shutdown()
             return None

@@ -58,7 +58,7 @@ class ZmqApiKernel(ApiKernel):
     async def _wait_ready(self) -> None:
         """Answering kernel_info before the model says idle (a client's first cell then runs)."""
         kc = self.km.client()
-        kc.start_channels()
+        kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
         try:
             await kc.wait_for_ready(timeout=None)
         finally:

@@ -15,6 +15,12 @@ from .exitwatch import returncode, watch_exit
 
 # How long to wait for an iopub message before checking that the kernel still lives.
 _POLL = 0.5
+# The client's channels: requests (shell) and output (iopub) only. No heartbeat: its
+# channel is a thread per kernel pinging every second (a third of execd's samples in a code
+# run's profile, and an idle wake-up per kernel); liveness is the kernel process itself
+# (``is_alive``, the exit watch). No stdin (runs do not allow input) or control channel
+# (interrupts go through the kernel manager).
+CHANNELS = {"shell": True, "iopub": True, "stdin": False, "hb": False, "control": False}
 
 
 class JupyterKernel:
@@ -62,7 +68,7 @@ class JupyterKernel:
         await self._km.start_kernel(cwd=self._cwd, env=self._env, **identity.popen_kwargs())
         self._exit = watch_exit(self.pid)
         self._kc = self._km.client()
-        self._kc.start_channels()
+        self._kc.start_channels(**CHANNELS)
         try:
             await self._kc.wait_for_ready(timeout=timeout)
         except RuntimeError as exc:
