@@ -29,12 +29,12 @@ async def stream_raw(sandbox: Any, size: int) -> tuple[float, int]:
     """(seconds, stdout events) of ``POST /command`` for ``stream_command(size)`` read as raw
     bytes over the endpoint the SDK uses, in the framing the SDK receives (each event's JSON
     and a blank line): sandlot's share of a stream, without the SDK's per-event parse. The
-    events are counted (blank-line separators, in C) and the stream must end with
-    ``execution_complete``, so a short or broken stream cannot pass as a fast one."""
+    events are counted (two newlines each: the JSON holds none; a one-byte count is the
+    cheapest scan) and the stream must end with ``execution_complete``, so a short or broken
+    stream cannot pass as a fast one."""
     endpoint = await sandbox.get_endpoint(EXECD_PORT)
     body = {"command": host.stream_command(size), "timeout": int(STREAM_BUDGET * 1000)}
-    frames = 0
-    last = b""
+    newlines = 0
     tail = b""
     async with httpx.AsyncClient(headers=endpoint.headers, timeout=STREAM_BUDGET) as client:
         url = f"http://{endpoint.endpoint}/command"
@@ -42,13 +42,12 @@ async def stream_raw(sandbox: Any, size: int) -> tuple[float, int]:
         async with client.stream("POST", url, json=body) as response:
             response.raise_for_status()
             async for chunk in response.aiter_raw():
-                frames += (last + chunk[:1]).count(b"\n\n") + chunk.count(b"\n\n")
-                last = chunk[-1:]
-                tail = (tail + chunk)[-256:]
+                newlines += chunk.count(b"\n")
+                tail = chunk[-256:] if len(chunk) >= 256 else (tail + chunk)[-256:]
         elapsed = time.perf_counter() - t0
     if b'"execution_complete"' not in tail:
         raise RuntimeError(f"raw stream did not end with execution_complete: {tail[-120:]!r}")
-    return elapsed, frames - 2  # init and execution_complete are not output
+    return elapsed, newlines // 2 - 2  # init and execution_complete are not output
 
 
 async def run(env: BenchEnv) -> list[Row]:
@@ -111,9 +110,11 @@ async def run(env: BenchEnv) -> list[Row]:
         lines = -(-sc.stream_bytes // (len(host.TEXT) + 1))
         for _ in range(sc.stream_runs):
             elapsed, events = await stream_raw(sandbox, sc.stream_bytes)
-            if events != lines:
-                raise RuntimeError(f"raw stream: {events} stdout events, expected {lines}")
-            stream_http.append(sc.stream_bytes / elapsed / 1e6)
+            if events != lines:  # execd's journal cap dropped what a lagging reader missed
+                env.note(f"commands.stream_http: {events} of {lines} line events received "
+                         "(the rest dropped past execd's journal cap while the reader lagged)")
+            received = min(sc.stream_bytes, events * (len(host.TEXT) + 1))
+            stream_http.append(received / elapsed / 1e6)
     finally:
         await env.sandboxes.delete(sandbox)
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from typing import Any
@@ -132,6 +133,10 @@ _CONTROL_ESCAPES = {
 # Deleting every byte but those leaves only the control characters a region holds.
 _ALL_BUT_CONTROL = bytes(c for c in range(256) if c not in _CONTROL_ESCAPES)
 _BREAKERS_UTF8 = tuple((ch.encode(), f"\\u{ord(ch):04x}".encode()) for ch in _LINE_BREAKERS)
+# An empty line inside a region. A compiled pattern: ``re`` finds a literal by ``memchr``
+# on its first byte, 3x faster here than ``bytes.__contains__`` (two-way search; profiled:
+# a tenth of execd's CPU on a stream of short lines).
+_BLANK_LINE = re.compile(b"\n\n")
 
 
 def encode_region(type_: str, region: bytes) -> bytes:
@@ -156,9 +161,11 @@ def encode_region(type_: str, region: bytes) -> bytes:
             escaped = escaped.replace(utf8, esc)
     head = b'{"type":"%s","timestamp":%d,"text":"' % (type_.encode(), now_ms())
     out = head + escaped[:-1].replace(b"\n", b'"}\n' + head) + b'"}'
-    # A blank line's event has the empty text so far: its text is "\n". ``"text":""}`` can
-    # only be that (every quote of the output's text is escaped).
-    return out.replace(b'"text":""}', b'"text":"\\n"}')
+    if region[:1] == b"\n" or _BLANK_LINE.search(region):
+        # A blank line's event has the empty text so far: its text is "\n". ``"text":""}``
+        # can only be that (every quote of the output's text is escaped).
+        out = out.replace(b'"text":""}', b'"text":"\\n"}')
+    return out
 
 
 def encode_lines(type_: str, lines: list[bytes]) -> bytes:
