@@ -117,3 +117,55 @@ def test_oom_counter_readable_for_self():
 
     cg = memory_cgroup(os.getpid())
     assert cg is None or cg.is_dir()
+
+
+class _FakeKernel:
+    """Stands in for a started kernel in pool tests (the pool only asks these two things)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    async def is_alive(self) -> bool:
+        return True
+
+    async def shutdown(self) -> None:
+        return None
+
+
+async def test_pool_replaces_a_still_starting_kernel_only_once_it_is_up():
+    import asyncio
+
+    from sandlot.execd.code.pool import WarmPool
+
+    started: list[int] = []
+    gates: list[asyncio.Event] = []
+
+    async def start(language: str) -> _FakeKernel:
+        started.append(len(started))
+        gate = asyncio.Event()
+        gates.append(gate)
+        await gate.wait()
+        return _FakeKernel(len(started) - 1)
+
+    pool = WarmPool(start)  # type: ignore[arg-type]
+    pool.fill("python")
+    await asyncio.sleep(0)
+    assert started == [0]
+    taking = asyncio.create_task(pool.take("python"))  # the kernel is still starting
+    await asyncio.sleep(0.01)
+    assert started == [0], "a replacement started beside a kernel that was still starting"
+    gates[0].set()
+    kernel = await taking
+    assert isinstance(kernel, _FakeKernel) and kernel.n == 0
+    await asyncio.sleep(0)
+    assert started == [0, 1], "no replacement once the taken kernel was up"
+    gates[1].set()
+    for _ in range(3):  # the second kernel finishes starting
+        await asyncio.sleep(0)
+    # A ready kernel is replaced at once, while the caller takes it.
+    second = await pool.take("python")
+    assert isinstance(second, _FakeKernel) and second.n == 1
+    await asyncio.sleep(0)
+    assert started == [0, 1, 2]
+    gates[2].set()
+    await pool.close()

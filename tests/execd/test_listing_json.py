@@ -29,3 +29,15 @@ def test_listing_text_equals_the_encoded_entries(tmp_path: Path) -> None:
     assert kinds == {"plain": "file", 'ünï "quoted" \\ back\tslash': "file",
                      "dir": "directory", "link": "symlink", "fifo": "other"}
     assert files.listing_json([]) == b"[]"
+
+
+def test_walk_paths_are_joined_once_also_under_the_root(tmp_path: Path) -> None:
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a").write_text("")
+    (tmp_path / "b" / "c").write_text("")
+    assert [p for p, _ in files.walk(str(tmp_path), max_depth=2)] == [
+        f"{tmp_path}/a", f"{tmp_path}/b", f"{tmp_path}/b/c"]
+    top = [p for p, _ in files.walk("/", max_depth=1)]
+    assert top and all(p.startswith("/") and not p.startswith("//") for p in top)
+    assert top == sorted(top)
+    assert list(files.walk(str(tmp_path), max_depth=0)) == []
