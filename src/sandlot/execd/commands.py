@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import os
 import shutil
 import signal
@@ -469,6 +470,8 @@ class _PipeWatch:
         self._drain_timer: asyncio.TimerHandle | None = None
         self._listening: set[int] = set()
         self._paused: dict[int, asyncio.TimerHandle] = {}
+        # Pipes not read until the slowest stream reader catches up (journal backpressure).
+        self._held: set[int] = set()
         # Batching only where the pipe can hold what arrives during a pause.
         self._batch = {fd: pipe_size(fd) >= BATCH_MIN_PIPE for fd in self.open}
         for fd in self.open:
@@ -500,7 +503,12 @@ class _PipeWatch:
             data = b""
         if data:
             self.ex.feed(self.open[fd], data)
-            if len(data) >= HOT_READ and self._batch[fd]:
+            journal = self.ex.journal
+            if journal.backlog() > journal.backpressure_bytes:
+                self._unlisten(fd)
+                self._held.add(fd)
+                journal.when_drained(functools.partial(self._release_soon, fd))
+            elif len(data) >= HOT_READ and self._batch[fd]:
                 self._unlisten(fd)
                 self._paused[fd] = self.loop.call_later(BATCH_DELAY, self._resume, fd)
             else:
@@ -519,6 +527,14 @@ class _PipeWatch:
             if self.ex.finished_at is not None:
                 self.ex.log.seal()
 
+    def _release_soon(self, fd: int) -> None:
+        self.loop.call_soon(self._release, fd)
+
+    def _release(self, fd: int) -> None:
+        self._held.discard(fd)
+        if fd in self.open:
+            self._read(fd)
+
     def _on_exit(self, _fut: asyncio.Future[int]) -> None:
         if not self.open:
             self._maybe_finish()
@@ -532,6 +548,11 @@ class _PipeWatch:
         if not self.exited.done() or self.ex.finished_at is not None:
             return
         if self.open and not forced:
+            return
+        if forced and self._held:  # output still waits for a slow reader: not lost, later
+            self._drain_timer = self.loop.call_later(
+                self.drain_after_exit, self._maybe_finish, True
+            )
             return
         if self._drain_timer is not None:
             self._drain_timer.cancel()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sandlot.execd import sse
@@ -69,6 +69,11 @@ class EventJournal:
         self.closed = False
         self.discarded = False
         self._signal = _Signal()
+        # Backpressure (see ``backlog``): what each live follower has consumed, and who waits
+        # for the slowest of them to catch up.
+        self.backpressure_bytes = max_bytes // 4
+        self._followers: dict[int, int] = {}
+        self._drained_callbacks: list[Callable[[], None]] = []
 
     @property
     def size(self) -> int:
@@ -91,6 +96,29 @@ class EventJournal:
         self._signal.fire()
         return offset
 
+    def backlog(self) -> int:
+        """Bytes written that the slowest connected follower has not consumed yet (0 with
+        none). Past ``backpressure_bytes`` the producer stops reading the command's pipes
+        until followers catch up, so a slow client slows the command instead of losing the
+        oldest output to the cap (the reference's execd likewise blocks on its client)."""
+        if not self._followers:
+            return 0
+        return self.size - min(self._followers.values())
+
+    def when_drained(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the backlog is at most half ``backpressure_bytes``, the
+        last follower has gone, or the journal is discarded."""
+        self._drained_callbacks.append(callback)
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if not self._drained_callbacks:
+            return
+        if self.discarded or self.backlog() <= self.backpressure_bytes // 2:
+            callbacks, self._drained_callbacks = self._drained_callbacks, []
+            for callback in callbacks:
+                callback()
+
     def close(self) -> None:
         """No more events: followers drain what is left and stop. Frees the write descriptor
         (many finished executions are retained; each must not pin a descriptor)."""
@@ -104,6 +132,7 @@ class EventJournal:
         self.discarded = True
         self._file.remove()
         self._signal.fire()
+        self._check_drained()
 
     def resume_offset(self, last_event_id: str | None) -> int:
         """Where a reader that has seen ``last_event_id`` continues (0 for a new reader)."""
@@ -144,8 +173,14 @@ class EventJournal:
         reader = self._file.reader()
         pos = start
         pending = b""
+        key = id(reader)
+        self._followers[key] = start
         try:
             while not self.discarded:
+                # Everything before ``pos`` minus the partial line has been taken by the
+                # consumer by the time this generator runs again.
+                self._followers[key] = pos - len(pending)
+                self._check_drained()
                 if pos < self.floor:  # this reader fell behind past the cap: skip ahead
                     pos, pending = self.floor, b""
                 if pos < self.size:
@@ -188,6 +223,8 @@ class EventJournal:
                     yield sse.keepalive_frame(sse_frames)
         finally:
             reader.close()
+            del self._followers[key]
+            self._check_drained()
 
 
 class OutputLog:
