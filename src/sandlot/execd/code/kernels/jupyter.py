@@ -110,6 +110,16 @@ class JupyterKernel:
             elif kind == "execute_input":
                 emit(Output("count", count=content.get("execution_count")))
             elif kind == "status" and content.get("execution_state") == "idle":
+                await self._drop_replies()
+                return
+
+    async def _drop_replies(self) -> None:
+        """Read the shell replies that have arrived: they carry nothing the events need (the
+        output came on iopub), and unread they would pile up for the kernel's lifetime."""
+        while True:
+            try:
+                await self._kc.get_shell_msg(timeout=0)
+            except queue.Empty:
                 return
 
     async def interrupt(self) -> None:
