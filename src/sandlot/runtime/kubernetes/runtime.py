@@ -37,6 +37,7 @@ from sandlot.errors import (
     RuntimeFailure,
     Unsupported,
 )
+from sandlot.net.policy import coerce
 from sandlot.runtime import execd_client
 from sandlot.runtime.base import (
     ContainerInfo,
@@ -52,7 +53,9 @@ from sandlot.runtime.base import (
     WarmPoolStats,
 )
 from sandlot.runtime.execd_bundle import ensure_bundle
-from sandlot.runtime.kubernetes import bundle_image, podstatus
+from sandlot.runtime.kubernetes import bundle_image, netpolicy, podstatus
+from sandlot.runtime.kubernetes.apierror import explain
+from sandlot.runtime.kubernetes.egress import PodEgress
 from sandlot.runtime.kubernetes.pod import (
     ANNOTATION_EXTENSIONS,
     ANNOTATION_METADATA,
@@ -94,23 +97,12 @@ async def api_client(cfg: Config) -> client.ApiClient:
     return client.ApiClient(conf)
 
 
-def explain(exc: ApiException) -> str:
-    """The API server's message of an error (its Status body), else the HTTP reason."""
-    import json
-
-    with contextlib.suppress(Exception):
-        message = json.loads(exc.body or "{}").get("message")
-        if message:
-            return str(message)
-    return f"HTTP {exc.status} {exc.reason}"
-
-
 class KubernetesRuntime(Runtime):
     """The Kubernetes backend (see module docstring)."""
 
     name = "kubernetes"
 
-    def __init__(self, api: client.ApiClient, plan: PodPlan) -> None:
+    def __init__(self, api: client.ApiClient, plan: PodPlan, full: Config | None = None) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.plan = plan
@@ -119,6 +111,8 @@ class KubernetesRuntime(Runtime):
         self.capabilities = RuntimeCapabilities(
             pause=False, volume_kinds=frozenset({"host", "pvc"}), disk_limit=True,
             resource_requests=True, pools=True,
+            # always: check_network_policy says why a policy cannot be enforced here
+            network_policy=True,
             isolation=f"kubernetes/{plan.runtime_class or 'default RuntimeClass'}",
         )
         self.pods = PodWatch(self.core, self.namespace, f"{LABEL_OWNER}={plan.owner}")
@@ -136,12 +130,19 @@ class KubernetesRuntime(Runtime):
         # warm Pods by pool (SERVER_POOL + image: the server's warm pool, else a /v1/pools
         # pool's name)
         self.keepers: dict[str, WarmKeeper] = {}
+        self.full_cfg = full
+        # egress policies: the DNS filter and NetworkPolicies ([kubernetes] dns_filter_*)
+        self.egress: PodEgress | None = None
+        if full is not None and netpolicy.filter_configured(full):
+            self.egress = PodEgress(full, api, plan.owner, plan.sandbox_labels,
+                                    self._sandbox_at)
 
     @classmethod
     async def open(cls, cfg: Config) -> KubernetesRuntime:
         """Reach the API server, check the namespace and RuntimeClass, build the bundle."""
         kcfg = cfg.kubernetes
         api = await api_client(cfg)
+        rt: KubernetesRuntime | None = None
         try:
             core = client.CoreV1Api(api)
             try:
@@ -159,14 +160,20 @@ class KubernetesRuntime(Runtime):
                            warm_pool_images=tuple(cfg.runtime.warm_pool_images),
                            default_limits=tuple(sorted(cfg.runtime.default_resources.items())),
                            default_disk=cfg.runtime.default_ephemeral_storage)
-            rt = cls(api, plan)
+            rt = cls(api, plan, cfg)
             await rt.pods.start()
             for pod in list(rt.pods.pods.values()):
                 rt._note(pod)
+            if rt.egress is not None:
+                await rt.egress.start()
             await rt._sweep_warm()  # a dead server's warm Pods: their pool tokens are lost
             for image in rt.plan.warm_pool_images:  # the server's warm pool
                 await rt.prewarm(ImageRef(image))
         except BaseException:
+            if rt is not None:
+                await rt.pods.close()
+                if rt.egress is not None:
+                    await rt.egress.close()
             await api.close()
             raise
         log.info("kubernetes API %s, namespace %s, execd bundle image %s, connect via %s",
@@ -192,7 +199,7 @@ class KubernetesRuntime(Runtime):
     async def create(self, spec: SandboxSpec, progress: Progress | None = None) -> CreateResult:
         check_id(spec.sandbox_id)
         if spec.network_policy is not None:
-            raise Unsupported("networkPolicy is not supported by the kubernetes runtime")
+            self.check_network_policy(spec.network_policy)
         if spec.snapshot_id is not None:
             raise Unsupported("the kubernetes runtime has no snapshots")
         name = pod_name(spec.sandbox_id)
@@ -205,6 +212,10 @@ class KubernetesRuntime(Runtime):
             if progress is not None:
                 await progress("Starting", f"creating Pod {name} in namespace {self.namespace}")
             try:
+                if self.egress is not None:
+                    await self.egress.prepare(
+                        spec.sandbox_id,
+                        None if spec.network_policy is None else coerce(spec.network_policy))
                 await self._start(spec)
             except BaseException as exc:
                 with contextlib.suppress(Exception):
@@ -226,13 +237,22 @@ class KubernetesRuntime(Runtime):
             await self.core.create_namespaced_secret(self.namespace, body)
         manifest: Any = self.plan.pod(spec, pull_secret=spec.image.auth is not None,
                                       pooled=pooled)
+        if self.egress is not None:
+            fields, annotations = self.egress.pod_fields(
+                None if spec.network_policy is None else coerce(spec.network_policy))
+            manifest["spec"].update(fields)
+            manifest["metadata"]["annotations"].update(annotations)
         created = await self.core.create_namespaced_pod(self.namespace, manifest)
-        owned = asyncio.gather(*(self._own(s["metadata"]["name"], created) for s in secrets))
+        owned = asyncio.gather(
+            *(self._own(s["metadata"]["name"], created) for s in secrets),
+            *([self.egress.own(spec.sandbox_id, created)] if self.egress is not None else []))
         try:
             pod = await self._wait_running(spec, created.metadata.name)
         finally:
             await owned
         self._ips[spec.sandbox_id] = pod.status.pod_ip
+        if self.egress is not None and not pooled:
+            self.egress.bind_ip(spec.sandbox_id, pod.status.pod_ip)
 
     async def _own(self, secret: str, pod: Any) -> None:
         """Make the Pod the Secret's owner: the cluster deletes it with the Pod."""
@@ -276,6 +296,8 @@ class KubernetesRuntime(Runtime):
         self._ips.pop(sandbox_id, None)
         try:
             await self._delete_pod(name, sandbox_id)
+            if self.egress is not None:
+                await self.egress.remove(sandbox_id, name)
             if wait:
                 try:
                     await self.pods.wait_for(
@@ -327,6 +349,42 @@ class KubernetesRuntime(Runtime):
             return ContainerInfo(sandbox_id, ContainerState.MISSING,
                                  reason=f"the Pod is gone from namespace {self.namespace}")
         return podstatus.info(sandbox_id, pod)
+
+    # -- egress (egress.py) -----------------------------------------------------------------
+
+    def check_network_policy(self, policy: object) -> None:
+        if self.full_cfg is None:
+            raise InvalidRequest("networkPolicy is not supported by this kubernetes runtime")
+        reason = netpolicy.refusal(self.full_cfg, coerce(policy))
+        if reason is not None:
+            raise InvalidRequest(reason)
+
+    async def set_network_policy(self, sandbox_id: str, policy: object) -> None:
+        """Enforce ``policy`` for a running sandbox at once (its Pod is not restarted)."""
+        check_id(sandbox_id)
+        if self.egress is None:
+            self.check_network_policy(policy)  # says what to configure
+            raise Unsupported("the kubernetes runtime has no DNS filter configured")
+        pod = self.pods.pods.get(self._name(sandbox_id)) or await self._read(sandbox_id)
+        if pod is None:
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        await self.egress.set_policy(sandbox_id, pod, coerce(policy))
+
+    async def _sandbox_at(self, ip: str) -> str | None:
+        """The sandbox whose Pod has address ``ip``, asked of the API server (the watch
+        may not have shown a just-started Pod's address yet)."""
+        try:
+            found = await self.core.list_namespaced_pod(
+                self.namespace, label_selector=f"{LABEL_OWNER}={self.plan.owner}",
+                field_selector=f"status.podIP={ip}")
+        except ApiException as exc:
+            log.warning("dns filter: cannot look up Pod IP %s: %s", ip, explain(exc))
+            return None
+        for pod in found.items:
+            labels = pod.metadata.labels or {}
+            if LABEL_WARM not in labels and pod.metadata.deletion_timestamp is None:
+                return labels.get(LABEL_SANDBOX)
+        return None
 
     async def pause(self, sandbox_id: str) -> None:
         raise Unsupported("pause is not supported by the kubernetes runtime: Kubernetes has "
@@ -533,19 +591,22 @@ class KubernetesRuntime(Runtime):
     def watch(self, changed: StateListener) -> None:
         self._listener = changed
 
-    def _note(self, pod: Any) -> None:
-        """Remember which sandbox a claimed warm Pod serves (its labels say)."""
+    def _note(self, pod: Any, kind: str = "ADDED") -> None:
+        """Remember which sandbox a claimed warm Pod serves (its labels say), and which
+        sandbox is at which Pod IP (for the DNS filter)."""
         labels = pod.metadata.labels or {}
         sandbox_id = labels.get(LABEL_SANDBOX)
-        if sandbox_id and LABEL_WARM not in labels and pod.metadata.name != pod_name(sandbox_id):
+        if self.egress is not None:
+            self.egress.note(kind, None if LABEL_WARM in labels else sandbox_id, pod)
+        if (kind != "DELETED" and sandbox_id and LABEL_WARM not in labels
+                and pod.metadata.name != pod_name(sandbox_id)):
             self._claimed[sandbox_id] = pod.metadata.name
 
     def _name(self, sandbox_id: str) -> str:
         return self._claimed.get(sandbox_id) or pod_name(sandbox_id)
 
     def _pod_changed(self, kind: str, pod: Any) -> None:
-        if kind != "DELETED":
-            self._note(pod)
+        self._note(pod, kind)
         labels = pod.metadata.labels or {}
         sandbox_id = labels.get(LABEL_SANDBOX)
         if LABEL_WARM in labels and (kind == "DELETED" or podstatus.info(
@@ -591,6 +652,8 @@ class KubernetesRuntime(Runtime):
             task.cancel()
         if self._forwarder is not None:
             await self._forwarder.close()
+        if self.egress is not None:
+            await self.egress.close()
         await self.api.close()
 
 
