@@ -498,6 +498,8 @@ class KubernetesRuntime(Runtime):
             return False
         if warm.ip:
             self._ips[spec.sandbox_id] = warm.ip
+            if self.egress is not None:
+                self.egress.bind_ip(spec.sandbox_id, warm.ip)
         return True
 
     async def _make_warm(self, template: SandboxSpec) -> WarmPod:
