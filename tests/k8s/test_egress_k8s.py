@@ -68,9 +68,12 @@ def upstream() -> Iterator[None]:
 class EgressServer(SandlotServer):
     def __init__(self, image_root: Path, k8s: Cluster) -> None:
         super().__init__(image_root, backend="kubernetes", k8s=k8s)
-        self.base_config = self.config.read_text()
+        # [runtime] is in the file already: its keys go into the section
+        self.base_config = self.config.read_text().replace(
+            '[runtime]\ntype = "kubernetes"\n', '[runtime]\ntype = "kubernetes"\n'
+            f'warm_pool_images = ["{COMPAT_IMAGE}"]\n')
 
-    def configure(self, enforced: bool = True, mode: str = "dns+nft") -> None:
+    def configure(self, enforced: bool = True, mode: str = "dns+nft", warm: int = 0) -> None:
         """(Re)start with the DNS filter on the bridge gateway and these settings."""
         assert self.k8s is not None
         self.stop()
@@ -78,6 +81,7 @@ class EgressServer(SandlotServer):
             self.base_config
             + f'dns_filter_address = "{NODE}"\n'
             + f"network_policy_enforced = {str(enforced).lower()}\n"
+            + f"warm_pool_size = {warm}\n"
             + f'[network]\ndns_servers = ["{UPSTREAM}"]\n[egress]\nmode = "{mode}"\n')
         self.start()
 
@@ -308,3 +312,51 @@ def test_address_deny_refused_unless_enforced_or_dns_only(server: EgressServer) 
 
     asyncio.run(dns_only())
     server.configure()
+
+
+def test_a_claimed_warm_pod_resolves_through_the_filter(server: EgressServer) -> None:
+    """A create without a policy claims a warm Pod (relabelled): the filter knows it at once,
+    and a policy given later holds for it (its NetworkPolicy selects it by the new label)."""
+    cluster = server.k8s
+    assert cluster is not None
+    server.configure(warm=1)
+
+    def warm_running() -> bool:
+        out = cluster.kubectl("get", "pods", "-l", "sandlot.io/warm=true", "-o",
+                              "jsonpath={.items[*].status.phase}").stdout
+        return "Running" in out
+
+    async def scenario() -> None:
+        wait_for(warm_running, "a warm Pod runs", timeout=240)
+        time.sleep(1)  # execd's first answer marks it ready
+        sandbox = await Sandbox.create(  # the default shape: the warm Pod's
+            COMPAT_IMAGE, connection_config=server.sdk_config(timeout=120),
+            timeout=timedelta(minutes=15), ready_timeout=timedelta(seconds=240))
+        try:
+            pods = json.loads(cluster.kubectl("get", "pods", "-l",
+                                              f"sandlot.io/sandbox-id={sandbox.id}", "-o",
+                                              "json").stdout)["items"]
+            assert pods[0]["metadata"]["name"].startswith("sandlot-warm-"), pods
+            assert await resolve(sandbox, "allowed.test") == ADDRESSES["allowed.test"]
+            await sandbox.patch_egress_rules([NetworkRule(action="deny", target="*.test")])
+            assert await resolve(sandbox, "allowed.test") is None
+            with server.client() as c:
+                r = c.put(f"/v1/sandboxes/{sandbox.id}/networkpolicy", json={
+                    "defaultAction": "deny",
+                    "egress": [{"action": "allow", "target": "allowed.test"}]})
+                assert r.status_code == 200, r.text
+            assert await resolve(sandbox, "allowed.test") == ADDRESSES["allowed.test"]
+            name = pods[0]["metadata"]["name"]
+            np = json.loads(cluster.kubectl("get", "networkpolicy", f"{name}-egress", "-o",
+                                            "json").stdout)
+            assert np["spec"]["podSelector"]["matchLabels"]["sandlot.io/sandbox-id"] \
+                == sandbox.id
+            assert "5.6.7.8/32" in allowed_blocks(np)
+            await sandbox.kill()
+        finally:
+            await sandbox.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.configure()

@@ -76,6 +76,7 @@ from sandlot.server.quantity import parse_cpu, parse_ephemeral_storage, parse_me
 log = logging.getLogger(__name__)
 # Keeper keys of the server's warm pool: one per image ("" + image; pool names have no ":").
 SERVER_POOL = ":"
+EXECD_START_WAIT = 10.0  # seconds a just-started Pod's execd may refuse connections
 
 
 
@@ -121,6 +122,7 @@ class KubernetesRuntime(Runtime):
             if self.cfg.connect_mode == "port-forward" else None
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._ips: dict[str, str] = {}
+        self._starting_execd: set[str] = set()  # Pods started, execd not reached yet
         self._deleting: set[str] = set()
         self._reported: set[str] = set()
         self._listener: StateListener | None = None
@@ -251,6 +253,8 @@ class KubernetesRuntime(Runtime):
         finally:
             await owned
         self._ips[spec.sandbox_id] = pod.status.pod_ip
+        if not pooled:
+            self._starting_execd.add(spec.sandbox_id)
         if self.egress is not None and not pooled:
             self.egress.bind_ip(spec.sandbox_id, pod.status.pod_ip)
 
@@ -294,6 +298,7 @@ class KubernetesRuntime(Runtime):
         name = self._name(sandbox_id)
         self._deleting.add(sandbox_id)
         self._ips.pop(sandbox_id, None)
+        self._starting_execd.discard(sandbox_id)
         try:
             await self._delete_pod(name, sandbox_id)
             if self.egress is not None:
@@ -408,11 +413,40 @@ class KubernetesRuntime(Runtime):
         check_id(sandbox_id)
         if not 0 < port < 65536:
             raise InvalidRequest(f"port {port} is out of range (1-65535)")
+        await self._until_started(sandbox_id)
         if self._forwarder is not None:
             await self._require_running(sandbox_id)
             return await self._forwarder.connect(self._name(sandbox_id), port)
         ip = self._ips.get(sandbox_id) or await self._pod_ip(sandbox_id)
-        return await self._connect_ip(ip, port)
+        if port != self.plan.execd_port or sandbox_id not in self._starting_execd:
+            return await self._connect_ip(ip, port)
+        # execd of a Pod that just started: refused until it listens (well under a second)
+        deadline = asyncio.get_running_loop().time() + EXECD_START_WAIT
+        while True:
+            try:
+                sock = await self._connect_ip(ip, port)
+            except ConnectionRefusedError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+                continue
+            self._starting_execd.discard(sandbox_id)
+            return sock
+
+    async def _until_started(self, sandbox_id: str) -> None:
+        """Hold a connection to a sandbox whose Pod is being created until the Pod runs
+        (or cannot): clients probe a Pending sandbox's execd (the SDK pings as soon as the
+        create answers), and a refused probe makes them back off for seconds."""
+        name = self._name(sandbox_id)
+        lock = self._locks.get(sandbox_id)
+        pod = self.pods.pods.get(name)
+        if not (lock is not None and lock.locked()) and (pod is None or podstatus.settled(pod)):
+            return
+        with contextlib.suppress(TimeoutError):
+            await self.pods.wait_for(
+                name, lambda p: p is not None and podstatus.settled(p) or (
+                    p is None and not (lock is not None and lock.locked())),
+                self.cfg.sandbox_create_timeout_seconds)
 
     async def _connect_pod(self, name: str, ip: str | None, port: int) -> socket.socket:
         """A connection to a Pod by name (a warm Pod has no sandbox id yet)."""
