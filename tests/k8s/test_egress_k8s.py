@@ -73,13 +73,14 @@ class EgressServer(SandlotServer):
             '[runtime]\ntype = "kubernetes"\n', '[runtime]\ntype = "kubernetes"\n'
             f'warm_pool_images = ["{COMPAT_IMAGE}"]\n')
 
-    def configure(self, enforced: bool = True, mode: str = "dns+nft", warm: int = 0) -> None:
+    def configure(self, enforced: bool = True, mode: str = "dns+nft", warm: int = 0,
+                  dns_filter: bool = True) -> None:
         """(Re)start with the DNS filter on the bridge gateway and these settings."""
         assert self.k8s is not None
         self.stop()
         self.config.write_text(
             self.base_config
-            + f'dns_filter_address = "{NODE}"\n'
+            + (f'dns_filter_address = "{NODE}"\n' if dns_filter else "")
             + f"network_policy_enforced = {str(enforced).lower()}\n"
             + f"warm_pool_size = {warm}\n"
             + f'[network]\ndns_servers = ["{UPSTREAM}"]\n[egress]\nmode = "{mode}"\n')
@@ -358,5 +359,31 @@ def test_a_claimed_warm_pod_resolves_through_the_filter(server: EgressServer) ->
 
     try:
         asyncio.run(scenario())
+    finally:
+        server.configure()
+
+
+def test_a_pod_made_before_the_filter_cannot_take_a_policy(server: EgressServer) -> None:
+    """A sandbox created while no DNS filter was configured resolves with the cluster's DNS:
+    a policy for it is refused (409) rather than pretended; allow-all is accepted."""
+    server.configure(dns_filter=False)
+    try:
+        with server.client() as c:
+            r = c.post("/v1/sandboxes", json={**RAW_CREATE_BODY, "networkPolicy": {
+                "defaultAction": "allow", "egress": [{"action": "deny", "target": "x.test"}]}})
+            assert r.status_code == 400 and "dns_filter_address" in r.json()["message"], r.text
+            r = c.post("/v1/sandboxes", json=RAW_CREATE_BODY)
+            assert r.status_code == 202, r.text
+            sid = r.json()["id"]
+            wait_for(lambda: c.get(f"/v1/sandboxes/{sid}").json()["status"]["state"]
+                     == "Running", "Running", timeout=240)
+        server.configure()
+        with server.client() as c:
+            r = c.put(f"/v1/sandboxes/{sid}/networkpolicy", json={"defaultAction": "deny"})
+            assert r.status_code == 409, r.text
+            assert "created before [kubernetes] dns_filter_address" in r.json()["message"]
+            r = c.put(f"/v1/sandboxes/{sid}/networkpolicy", json={"defaultAction": "allow"})
+            assert r.status_code == 200, r.text
+            assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
     finally:
         server.configure()

@@ -25,7 +25,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from sandlot.config import Config
-from sandlot.errors import RuntimeFailure
+from sandlot.errors import Conflict, RuntimeFailure
 from sandlot.net.dns import DnsFilter, host_resolvers
 from sandlot.net.policy import ALLOW, ALLOW_ALL, DENY, EgressPolicy, parse_policy
 from sandlot.runtime.kubernetes import netpolicy
@@ -248,6 +248,12 @@ class PodEgress:
 
     async def set_policy(self, sandbox_id: str, pod: Any, policy: EgressPolicy) -> None:
         """Enforce ``policy`` at once: the NetworkPolicy, the Pod's record, the DNS filter."""
+        if not policy.allows_everything and not self._resolves_through_filter(pod):
+            raise Conflict(
+                f"sandbox {sandbox_id}'s Pod was created before [kubernetes] "
+                "dns_filter_address was set: its resolver is not sandlot's DNS filter, so a "
+                "network policy cannot be enforced for it (create the sandbox again)",
+                code="SANDBOX_STATE_CONFLICT")
         async with self._locks[sandbox_id]:
             learned = await self._learned_of(sandbox_id, pod.metadata.name)
             learned.forget_unless(policy)
@@ -267,6 +273,11 @@ class PodEgress:
             flt = self._filters.get(sandbox_id)
             if flt is not None:
                 flt.policy = policy
+
+    def _resolves_through_filter(self, pod: Any) -> bool:
+        dns = pod.spec.dns_config if pod.spec is not None else None
+        return (pod.spec is not None and pod.spec.dns_policy == "None" and dns is not None
+                and str(self.cfg.kubernetes.dns_filter_address) in (dns.nameservers or []))
 
     async def _learn(self, sandbox_id: str, name: str,
                      answers: list[tuple[ipaddress.IPv4Address, int]]) -> None:
