@@ -11,7 +11,7 @@ from typing import Any
 from sandlot.config import Config
 from sandlot.net.policy import parse_policy
 from sandlot.runtime.kubernetes import netpolicy
-from sandlot.runtime.kubernetes.egress import Learned
+from sandlot.runtime.kubernetes.learned import Learned
 
 IP = ipaddress.IPv4Address
 

@@ -27,18 +27,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from sandlot.config import Config
 from sandlot.errors import Conflict, RuntimeFailure
 from sandlot.net.dns import DnsFilter, host_resolvers
-from sandlot.net.policy import ALLOW, ALLOW_ALL, DENY, EgressPolicy, parse_policy
+from sandlot.net.policy import ALLOW_ALL, DENY, EgressPolicy, parse_policy
 from sandlot.runtime.kubernetes import netpolicy
 from sandlot.runtime.kubernetes.apierror import explain
 from sandlot.runtime.kubernetes.dnsfilter import PodDnsServer
+from sandlot.runtime.kubernetes.learned import Learned
 from sandlot.runtime.kubernetes.pod import LABEL_OWNER, LABEL_SANDBOX, pod_name
 
 log = logging.getLogger(__name__)
-# An answered address stays allowed this long at least (an API write per new address is
-# dearer than an nft set element, so answers are kept longer than their TTL) and at most.
-LEARNED_MIN = 300.0
-LEARNED_MAX = 3600.0
-LEARNED_PER_SANDBOX = 1024  # the oldest go first beyond this (the object must stay small)
 PRUNE_EVERY = 60.0
 MISS_CACHE = 2.0  # seconds a Pod IP that is none of ours is not looked up again
 # The sandbox id at a Pod IP, asked of the API server when the watch has not seen it yet.
@@ -56,51 +52,6 @@ def policy_of_pod(pod: Any) -> EgressPolicy:
     log.warning("the network policy annotation of Pod %s is unreadable; denying all",
                 pod.metadata.name)
     return EgressPolicy(DENY)
-
-
-class Learned:
-    """Addresses a sandbox's DNS filter answered: expiry (epoch seconds) and names."""
-
-    def __init__(self, expiry: dict[ipaddress.IPv4Address, float]) -> None:
-        self.expiry = dict(expiry)
-        self.names: dict[ipaddress.IPv4Address, set[str]] = {}
-
-    def add(self, name: str, answers: list[tuple[ipaddress.IPv4Address, int]]) -> bool:
-        """Remember the answers; True when the NetworkPolicy must be written again."""
-        now = time.time()
-        changed = self.prune(now)
-        for ip, ttl in answers:
-            if not ip.is_global:  # a DNS answer never opens a private/link-local address
-                continue
-            self.names.setdefault(ip, set()).add(name)
-            lifetime = min(max(float(ttl), LEARNED_MIN), LEARNED_MAX)
-            old = self.expiry.get(ip)
-            if old is not None and old - now > lifetime / 2:
-                continue  # present with long enough to live
-            self.expiry[ip] = now + lifetime
-            changed = True
-        while len(self.expiry) > LEARNED_PER_SANDBOX:
-            oldest = min(self.expiry, key=lambda a: self.expiry[a])
-            self.expiry.pop(oldest)
-            self.names.pop(oldest, None)
-        return changed
-
-    def prune(self, now: float) -> bool:
-        gone = [ip for ip, until in self.expiry.items() if until <= now]
-        for ip in gone:
-            self.expiry.pop(ip)
-            self.names.pop(ip, None)
-        return bool(gone)
-
-    def forget_unless(self, policy: EgressPolicy) -> bool:
-        """Drop addresses whose names the policy no longer allows; True if any went.
-        Addresses of a restarted server's predecessor have no names: kept to their expiry."""
-        gone = [ip for ip, names in self.names.items()
-                if names and not any(policy.evaluate(n)[0] == ALLOW for n in names)]
-        for ip in gone:
-            self.expiry.pop(ip, None)
-            self.names.pop(ip, None)
-        return bool(gone)
 
 
 class PodEgress:
@@ -175,13 +126,13 @@ class PodEgress:
 
     def note(self, kind: str, sandbox_id: str | None, pod: Any) -> None:
         """A Pod change seen by the watch: which sandbox is at which address."""
+        if sandbox_id is None:
+            return  # a warm Pod: no sandbox's yet
         ip = pod.status.pod_ip if pod.status is not None else None
-        gone = kind == "DELETED" or pod.metadata.deletion_timestamp is not None
-        if sandbox_id is None or gone:
-            for old_ip in [i for i, s in self._by_ip.items() if s == sandbox_id]:
-                self._by_ip.pop(old_ip, None)
-            if ip and self._by_ip.get(ip) is not None and gone:
-                self._by_ip.pop(ip, None)
+        if kind == "DELETED" or pod.metadata.deletion_timestamp is not None:
+            old = self._ip_of.pop(sandbox_id, None)
+            if old is not None and self._by_ip.get(old) == sandbox_id:
+                del self._by_ip[old]
             return
         self._pods[sandbox_id] = pod.metadata.name
         if sandbox_id not in self._policies:
