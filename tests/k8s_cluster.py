@@ -130,9 +130,10 @@ class Cluster:
         return "\n".join(lines) + "\n"
 
     def sandlot_objects(self) -> dict[str, list[str]]:
-        """Names of sandlot's Pods, Secrets and PVCs left in the session's namespace."""
+        """Names of sandlot's Pods, Secrets, PVCs and NetworkPolicies left in the session's
+        namespace."""
         left: dict[str, list[str]] = {}
-        for kind in ("pods", "secrets", "persistentvolumeclaims"):
+        for kind in ("pods", "secrets", "persistentvolumeclaims", "networkpolicies"):
             out = self.kubectl("get", kind, "-l", "app.kubernetes.io/managed-by=sandlot",
                                "-o", "name", check=False).stdout.split()
             if out:

@@ -309,6 +309,19 @@ class KubernetesConfig(_Section):
     # not persistent, e.g. in the cluster deployment).
     owner: str | None = Field(
         default=None, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+    # Egress (see docs/runtime-kubernetes.md): the IPv4 address Pods use as their only
+    # resolver (dnsConfig), where sandlot's DNS filter answers per sandbox by the query's
+    # source Pod IP. Unset: networkPolicy is refused on this runtime.
+    dns_filter_address: str | None = None
+    # host:port the server's DNS filter listens on (unset: dns_filter_address:53), e.g.
+    # "0.0.0.0:5353" behind a Service that maps port 53 to it.
+    dns_filter_listen: str | None = None
+    # The NetworkPolicyPeer through which sandbox Pods reach the filter (unset: an ipBlock
+    # of dns_filter_address/32), e.g. a podSelector of the sandlot server's Pods.
+    dns_filter_peer: dict[str, Any] | None = None
+    # Whether the cluster's network plugin enforces NetworkPolicy (Kubernetes cannot say):
+    # false refuses policies that deny by address in [egress] mode "dns+nft".
+    network_policy_enforced: bool = False
 
 
 class Config(_Section):

@@ -36,3 +36,20 @@ def test_doctor_fails_without_a_cluster(tmp_path: Path) -> None:
     res = doctor(tmp_path, f'[kubernetes]\nkubeconfig_path = "{tmp_path}/missing"\n')
     assert res.returncode != 0
     assert "Kubernetes API" in res.stdout and "FAIL" in res.stdout
+
+
+def flat(out: str) -> str:
+    """The doctor's table as one line of words (cells wrap across rows)."""
+    return " ".join(out.replace("│", " ").split())
+
+
+def test_doctor_states_the_egress_guarantees(k8s_cluster: Cluster, tmp_path: Path) -> None:
+    out = flat(doctor(tmp_path, k8s_cluster.config_toml()).stdout)
+    assert "egress policies" in out and "networkPolicy is refused (no [kubernetes] " \
+        "dns_filter_address)" in out, out
+    out = flat(doctor(tmp_path, k8s_cluster.config_toml(
+        dns_filter_address="198.19.0.1", network_policy_enforced="true")).stdout)
+    assert "restricted by a NetworkPolicy per sandbox" in out, out
+    assert "all the runtime needs" in out  # NetworkPolicy rights checked too
+    out = flat(doctor(tmp_path, k8s_cluster.config_toml(dns_filter_address="198.19.0.1")).stdout)
+    assert "policies that deny by address are refused" in out, out

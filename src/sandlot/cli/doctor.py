@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sandlot.config import Config
@@ -318,7 +319,9 @@ def render(checks: list[Check], cfg: Config, console: Console) -> None:
     for c in checks:
         status = ("[green]ok[/]" if c.ok else "[yellow]info[/]" if c.ok is None
                   else "[red]FAIL[/]" if c.required else "[yellow]warn[/]")
-        table.add_row(c.name + (" *" if c.required else ""), status, c.detail, c.fix)
+        # escaped: details name config keys such as [kubernetes] (not rich markup)
+        table.add_row(c.name + (" *" if c.required else ""), status, escape(c.detail),
+                      escape(c.fix))
     console.print(table)
     console.print("* needed by the configured runtime")
 

@@ -223,6 +223,12 @@ class Runtime(abc.ABC):
         """
         return None
 
+    def check_network_policy(self, policy: object) -> None:
+        """Refuse (``InvalidRequest``) an egress policy this backend cannot enforce as asked on
+        its configuration, before a create or a change is accepted (e.g. an address deny on
+        a cluster that does not enforce NetworkPolicy)."""
+        return None
+
     async def prewarm(self, image: ImageRef) -> None:
         """Keep pre-started sandboxes of ``image`` ready for fast creates, if supported.
 

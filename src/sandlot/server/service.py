@@ -234,7 +234,8 @@ class SandboxService:
     async def _create(self, req: CreateSandboxRequest) -> SandboxRecord:
         self._check_create(req)
         if req.network_policy is not None:
-            parse_policy(req.network_policy)  # 400 naming the invalid rule
+            # 400 naming the invalid rule, or saying why the backend cannot enforce it
+            self._check_enforceable(parse_policy(req.network_policy))
         check_metadata_keys(req.metadata)
         self.bounds.check_timeout(req.timeout)
         self.bounds.check_capacity(self._live_count())
@@ -850,12 +851,19 @@ class SandboxService:
                     "Running or Paused sandbox can change",
                     code=codes.STATE_CONFLICT,
                 )
+            self._check_enforceable(policy)
             await self._runtime_set_policy(sandbox_id, policy)
             rec.network_policy = policy.to_json()
             rec.updated_at = utcnow()
             await self.store.save(rec)
             self.observers.policy_changed(rec)
         return policy
+
+    def _check_enforceable(self, policy: EgressPolicy) -> None:
+        try:
+            self.runtime.check_network_policy(policy)
+        except InvalidRequest as exc:
+            raise InvalidRequest(exc.message, code=codes.INVALID_PARAMETER) from exc
 
     def _egress_access(self, sandbox_id: str) -> egress_api.PolicyAccess | None:
         rec = self._records.get(sandbox_id)

@@ -10,13 +10,20 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from sandlot.config import Config
 from sandlot.errors import RuntimeFailure
-from sandlot.runtime.kubernetes.runtime import api_client, explain
+from sandlot.runtime.kubernetes import netpolicy
+from sandlot.runtime.kubernetes.apierror import explain
+from sandlot.runtime.kubernetes.runtime import api_client
 
-# (resource, subresource, verbs) the runtime uses in its namespace.
+# (API group, resource, subresource, verbs) the runtime uses in its namespace.
 NEEDED = [
-    ("pods", "", ("create", "get", "list", "watch", "delete")),
-    ("secrets", "", ("create", "patch", "deletecollection")),
-    ("persistentvolumeclaims", "", ("get",)),
+    ("", "pods", "", ("create", "get", "list", "watch", "patch", "delete")),
+    ("", "secrets", "", ("create", "patch", "deletecollection")),
+    ("", "persistentvolumeclaims", "", ("get",)),
+]
+# ... and with egress policies in mode dns+nft (a NetworkPolicy per sandbox).
+NEEDED_FOR_NETWORK_POLICIES = [
+    ("networking.k8s.io", "networkpolicies", "",
+     ("create", "get", "list", "patch", "delete")),
 ]
 
 
@@ -46,16 +53,18 @@ async def cluster_findings(cfg: Config) -> list[Finding]:
                          f"{api.configuration.host}: Kubernetes {version.git_version}")]
         needed = list(NEEDED)
         if kcfg.connect_mode == "port-forward":
-            needed.append(("pods", "portforward", ("create", "get")))
+            needed.append(("", "pods", "portforward", ("create", "get")))
+        if netpolicy.writes_network_policies(cfg):
+            needed += NEEDED_FOR_NETWORK_POLICIES
         missing = []
         auth = client.AuthorizationV1Api(api)
-        for resource, sub, verbs in needed:
+        for group, resource, sub, verbs in needed:
             for verb in verbs:
                 review = {"apiVersion": "authorization.k8s.io/v1",
                           "kind": "SelfSubjectAccessReview",
                           "spec": {"resourceAttributes": {
-                              "namespace": kcfg.namespace, "verb": verb, "resource": resource,
-                              "subresource": sub}}}
+                              "namespace": kcfg.namespace, "verb": verb, "group": group,
+                              "resource": resource, "subresource": sub}}}
                 body: object = review
                 answer = await auth.create_self_subject_access_review(body)  # type: ignore[arg-type]
                 if not answer.status.allowed:
@@ -64,6 +73,8 @@ async def cluster_findings(cfg: Config) -> list[Finding]:
             f"permissions in namespace {kcfg.namespace}", not missing,
             "all the runtime needs" if not missing else "missing: " + ", ".join(missing),
             "" if not missing else "bind the Role of deploy/kubernetes/rbac.yaml"))
+        # What egress policies guarantee here (informational: every answer is a valid set-up).
+        found.append(Finding("egress policies", True, netpolicy.guarantees(cfg)))
         runtime_class = cfg.secure_runtime.k8s_runtime_class
         if runtime_class:
             try:

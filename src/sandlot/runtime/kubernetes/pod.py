@@ -83,9 +83,11 @@ class PodPlan:
     default_limits: tuple[tuple[str, str], ...] = ()  # [runtime] default_resources
     default_disk: str | None = None  # [runtime] default_ephemeral_storage
 
+    def sandbox_labels(self, sandbox_id: str) -> dict[str, str]:
+        return {LABEL_MANAGED: MANAGED_BY, LABEL_OWNER: self.owner, LABEL_SANDBOX: sandbox_id}
+
     def labels(self, spec: SandboxSpec, warm: bool = False) -> dict[str, str]:
-        labels = {LABEL_MANAGED: MANAGED_BY, LABEL_OWNER: self.owner,
-                  LABEL_SANDBOX: spec.sandbox_id}
+        labels = self.sandbox_labels(spec.sandbox_id)
         if warm:
             labels[LABEL_WARM] = "true"
         return labels

@@ -37,6 +37,7 @@ from sandlot.errors import (
     RuntimeFailure,
     Unsupported,
 )
+from sandlot.net.policy import coerce
 from sandlot.runtime import execd_client
 from sandlot.runtime.base import (
     ContainerInfo,
@@ -52,7 +53,9 @@ from sandlot.runtime.base import (
     WarmPoolStats,
 )
 from sandlot.runtime.execd_bundle import ensure_bundle
-from sandlot.runtime.kubernetes import bundle_image, podstatus
+from sandlot.runtime.kubernetes import bundle_image, netpolicy, podstatus
+from sandlot.runtime.kubernetes.apierror import explain
+from sandlot.runtime.kubernetes.egress import PodEgress
 from sandlot.runtime.kubernetes.pod import (
     ANNOTATION_EXTENSIONS,
     ANNOTATION_METADATA,
@@ -73,6 +76,7 @@ from sandlot.server.quantity import parse_cpu, parse_ephemeral_storage, parse_me
 log = logging.getLogger(__name__)
 # Keeper keys of the server's warm pool: one per image ("" + image; pool names have no ":").
 SERVER_POOL = ":"
+EXECD_START_WAIT = 10.0  # seconds a just-started Pod's execd may refuse connections
 
 
 
@@ -94,23 +98,12 @@ async def api_client(cfg: Config) -> client.ApiClient:
     return client.ApiClient(conf)
 
 
-def explain(exc: ApiException) -> str:
-    """The API server's message of an error (its Status body), else the HTTP reason."""
-    import json
-
-    with contextlib.suppress(Exception):
-        message = json.loads(exc.body or "{}").get("message")
-        if message:
-            return str(message)
-    return f"HTTP {exc.status} {exc.reason}"
-
-
 class KubernetesRuntime(Runtime):
     """The Kubernetes backend (see module docstring)."""
 
     name = "kubernetes"
 
-    def __init__(self, api: client.ApiClient, plan: PodPlan) -> None:
+    def __init__(self, api: client.ApiClient, plan: PodPlan, full: Config | None = None) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.plan = plan
@@ -119,6 +112,8 @@ class KubernetesRuntime(Runtime):
         self.capabilities = RuntimeCapabilities(
             pause=False, volume_kinds=frozenset({"host", "pvc"}), disk_limit=True,
             resource_requests=True, pools=True,
+            # always: check_network_policy says why a policy cannot be enforced here
+            network_policy=True,
             isolation=f"kubernetes/{plan.runtime_class or 'default RuntimeClass'}",
         )
         self.pods = PodWatch(self.core, self.namespace, f"{LABEL_OWNER}={plan.owner}")
@@ -127,6 +122,7 @@ class KubernetesRuntime(Runtime):
             if self.cfg.connect_mode == "port-forward" else None
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._ips: dict[str, str] = {}
+        self._starting_execd: set[str] = set()  # Pods started, execd not reached yet
         self._deleting: set[str] = set()
         self._reported: set[str] = set()
         self._listener: StateListener | None = None
@@ -136,12 +132,19 @@ class KubernetesRuntime(Runtime):
         # warm Pods by pool (SERVER_POOL + image: the server's warm pool, else a /v1/pools
         # pool's name)
         self.keepers: dict[str, WarmKeeper] = {}
+        self.full_cfg = full
+        # egress policies: the DNS filter and NetworkPolicies ([kubernetes] dns_filter_*)
+        self.egress: PodEgress | None = None
+        if full is not None and netpolicy.filter_configured(full):
+            self.egress = PodEgress(full, api, plan.owner, plan.sandbox_labels,
+                                    self._sandbox_at)
 
     @classmethod
     async def open(cls, cfg: Config) -> KubernetesRuntime:
         """Reach the API server, check the namespace and RuntimeClass, build the bundle."""
         kcfg = cfg.kubernetes
         api = await api_client(cfg)
+        rt: KubernetesRuntime | None = None
         try:
             core = client.CoreV1Api(api)
             try:
@@ -159,14 +162,20 @@ class KubernetesRuntime(Runtime):
                            warm_pool_images=tuple(cfg.runtime.warm_pool_images),
                            default_limits=tuple(sorted(cfg.runtime.default_resources.items())),
                            default_disk=cfg.runtime.default_ephemeral_storage)
-            rt = cls(api, plan)
+            rt = cls(api, plan, cfg)
             await rt.pods.start()
             for pod in list(rt.pods.pods.values()):
                 rt._note(pod)
+            if rt.egress is not None:
+                await rt.egress.start()
             await rt._sweep_warm()  # a dead server's warm Pods: their pool tokens are lost
             for image in rt.plan.warm_pool_images:  # the server's warm pool
                 await rt.prewarm(ImageRef(image))
         except BaseException:
+            if rt is not None:
+                await rt.pods.close()
+                if rt.egress is not None:
+                    await rt.egress.close()
             await api.close()
             raise
         log.info("kubernetes API %s, namespace %s, execd bundle image %s, connect via %s",
@@ -192,7 +201,7 @@ class KubernetesRuntime(Runtime):
     async def create(self, spec: SandboxSpec, progress: Progress | None = None) -> CreateResult:
         check_id(spec.sandbox_id)
         if spec.network_policy is not None:
-            raise Unsupported("networkPolicy is not supported by the kubernetes runtime")
+            self.check_network_policy(spec.network_policy)
         if spec.snapshot_id is not None:
             raise Unsupported("the kubernetes runtime has no snapshots")
         name = pod_name(spec.sandbox_id)
@@ -205,6 +214,10 @@ class KubernetesRuntime(Runtime):
             if progress is not None:
                 await progress("Starting", f"creating Pod {name} in namespace {self.namespace}")
             try:
+                if self.egress is not None:
+                    await self.egress.prepare(
+                        spec.sandbox_id,
+                        None if spec.network_policy is None else coerce(spec.network_policy))
                 await self._start(spec)
             except BaseException as exc:
                 with contextlib.suppress(Exception):
@@ -226,13 +239,24 @@ class KubernetesRuntime(Runtime):
             await self.core.create_namespaced_secret(self.namespace, body)
         manifest: Any = self.plan.pod(spec, pull_secret=spec.image.auth is not None,
                                       pooled=pooled)
+        if self.egress is not None:
+            fields, annotations = self.egress.pod_fields(
+                None if spec.network_policy is None else coerce(spec.network_policy))
+            manifest["spec"].update(fields)
+            manifest["metadata"]["annotations"].update(annotations)
         created = await self.core.create_namespaced_pod(self.namespace, manifest)
-        owned = asyncio.gather(*(self._own(s["metadata"]["name"], created) for s in secrets))
+        owned = asyncio.gather(
+            *(self._own(s["metadata"]["name"], created) for s in secrets),
+            *([self.egress.own(spec.sandbox_id, created)] if self.egress is not None else []))
         try:
             pod = await self._wait_running(spec, created.metadata.name)
         finally:
             await owned
         self._ips[spec.sandbox_id] = pod.status.pod_ip
+        if not pooled:
+            self._starting_execd.add(spec.sandbox_id)
+        if self.egress is not None and not pooled:
+            self.egress.bind_ip(spec.sandbox_id, pod.status.pod_ip)
 
     async def _own(self, secret: str, pod: Any) -> None:
         """Make the Pod the Secret's owner: the cluster deletes it with the Pod."""
@@ -274,8 +298,11 @@ class KubernetesRuntime(Runtime):
         name = self._name(sandbox_id)
         self._deleting.add(sandbox_id)
         self._ips.pop(sandbox_id, None)
+        self._starting_execd.discard(sandbox_id)
         try:
             await self._delete_pod(name, sandbox_id)
+            if self.egress is not None:
+                await self.egress.remove(sandbox_id, name)
             if wait:
                 try:
                     await self.pods.wait_for(
@@ -328,6 +355,42 @@ class KubernetesRuntime(Runtime):
                                  reason=f"the Pod is gone from namespace {self.namespace}")
         return podstatus.info(sandbox_id, pod)
 
+    # -- egress (egress.py) -----------------------------------------------------------------
+
+    def check_network_policy(self, policy: object) -> None:
+        if self.full_cfg is None:
+            raise InvalidRequest("networkPolicy is not supported by this kubernetes runtime")
+        reason = netpolicy.refusal(self.full_cfg, coerce(policy))
+        if reason is not None:
+            raise InvalidRequest(reason)
+
+    async def set_network_policy(self, sandbox_id: str, policy: object) -> None:
+        """Enforce ``policy`` for a running sandbox at once (its Pod is not restarted)."""
+        check_id(sandbox_id)
+        if self.egress is None:
+            self.check_network_policy(policy)  # says what to configure
+            raise Unsupported("the kubernetes runtime has no DNS filter configured")
+        pod = self.pods.pods.get(self._name(sandbox_id)) or await self._read(sandbox_id)
+        if pod is None:
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        await self.egress.set_policy(sandbox_id, pod, coerce(policy))
+
+    async def _sandbox_at(self, ip: str) -> str | None:
+        """The sandbox whose Pod has address ``ip``, asked of the API server (the watch
+        may not have shown a just-started Pod's address yet)."""
+        try:
+            found = await self.core.list_namespaced_pod(
+                self.namespace, label_selector=f"{LABEL_OWNER}={self.plan.owner}",
+                field_selector=f"status.podIP={ip}")
+        except ApiException as exc:
+            log.warning("dns filter: cannot look up Pod IP %s: %s", ip, explain(exc))
+            return None
+        for pod in found.items:
+            labels = pod.metadata.labels or {}
+            if LABEL_WARM not in labels and pod.metadata.deletion_timestamp is None:
+                return labels.get(LABEL_SANDBOX)
+        return None
+
     async def pause(self, sandbox_id: str) -> None:
         raise Unsupported("pause is not supported by the kubernetes runtime: Kubernetes has "
                           "no way to freeze a Pod's processes and keep its memory")
@@ -350,11 +413,40 @@ class KubernetesRuntime(Runtime):
         check_id(sandbox_id)
         if not 0 < port < 65536:
             raise InvalidRequest(f"port {port} is out of range (1-65535)")
+        await self._until_started(sandbox_id)
         if self._forwarder is not None:
             await self._require_running(sandbox_id)
             return await self._forwarder.connect(self._name(sandbox_id), port)
         ip = self._ips.get(sandbox_id) or await self._pod_ip(sandbox_id)
-        return await self._connect_ip(ip, port)
+        if port != self.plan.execd_port or sandbox_id not in self._starting_execd:
+            return await self._connect_ip(ip, port)
+        # execd of a Pod that just started: refused until it listens (well under a second)
+        deadline = asyncio.get_running_loop().time() + EXECD_START_WAIT
+        while True:
+            try:
+                sock = await self._connect_ip(ip, port)
+            except ConnectionRefusedError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+                continue
+            self._starting_execd.discard(sandbox_id)
+            return sock
+
+    async def _until_started(self, sandbox_id: str) -> None:
+        """Hold a connection to a sandbox whose Pod is being created until the Pod runs
+        (or cannot): clients probe a Pending sandbox's execd (the SDK pings as soon as the
+        create answers), and a refused probe makes them back off for seconds."""
+        name = self._name(sandbox_id)
+        lock = self._locks.get(sandbox_id)
+        pod = self.pods.pods.get(name)
+        if not (lock is not None and lock.locked()) and (pod is None or podstatus.settled(pod)):
+            return
+        with contextlib.suppress(TimeoutError):
+            await self.pods.wait_for(
+                name, lambda p: p is not None and podstatus.settled(p) or (
+                    p is None and not (lock is not None and lock.locked())),
+                self.cfg.sandbox_create_timeout_seconds)
 
     async def _connect_pod(self, name: str, ip: str | None, port: int) -> socket.socket:
         """A connection to a Pod by name (a warm Pod has no sandbox id yet)."""
@@ -440,6 +532,8 @@ class KubernetesRuntime(Runtime):
             return False
         if warm.ip:
             self._ips[spec.sandbox_id] = warm.ip
+            if self.egress is not None:
+                self.egress.bind_ip(spec.sandbox_id, warm.ip)
         return True
 
     async def _make_warm(self, template: SandboxSpec) -> WarmPod:
@@ -533,19 +627,22 @@ class KubernetesRuntime(Runtime):
     def watch(self, changed: StateListener) -> None:
         self._listener = changed
 
-    def _note(self, pod: Any) -> None:
-        """Remember which sandbox a claimed warm Pod serves (its labels say)."""
+    def _note(self, pod: Any, kind: str = "ADDED") -> None:
+        """Remember which sandbox a claimed warm Pod serves (its labels say), and which
+        sandbox is at which Pod IP (for the DNS filter)."""
         labels = pod.metadata.labels or {}
         sandbox_id = labels.get(LABEL_SANDBOX)
-        if sandbox_id and LABEL_WARM not in labels and pod.metadata.name != pod_name(sandbox_id):
+        if self.egress is not None:
+            self.egress.note(kind, None if LABEL_WARM in labels else sandbox_id, pod)
+        if (kind != "DELETED" and sandbox_id and LABEL_WARM not in labels
+                and pod.metadata.name != pod_name(sandbox_id)):
             self._claimed[sandbox_id] = pod.metadata.name
 
     def _name(self, sandbox_id: str) -> str:
         return self._claimed.get(sandbox_id) or pod_name(sandbox_id)
 
     def _pod_changed(self, kind: str, pod: Any) -> None:
-        if kind != "DELETED":
-            self._note(pod)
+        self._note(pod, kind)
         labels = pod.metadata.labels or {}
         sandbox_id = labels.get(LABEL_SANDBOX)
         if LABEL_WARM in labels and (kind == "DELETED" or podstatus.info(
@@ -591,6 +688,8 @@ class KubernetesRuntime(Runtime):
             task.cancel()
         if self._forwarder is not None:
             await self._forwarder.close()
+        if self.egress is not None:
+            await self.egress.close()
         await self.api.close()
 
 
