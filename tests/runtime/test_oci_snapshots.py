@@ -4,6 +4,9 @@ a snapshot in use (by a sandbox or a later snapshot) cannot be deleted."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 
 from sandlot.errors import Conflict, NotFound
@@ -63,3 +66,38 @@ async def test_snapshot_of_missing_sandbox(oci_runtime: OciRuntime) -> None:
     with pytest.raises(NotFound):
         await oci_runtime.snapshot("no-such-sandbox", "snap-x")
     assert not (oci_runtime.data_dir / "snapshots" / "snap-x").exists()
+
+
+async def test_pause_during_capture_is_kept(oci_runtime: OciRuntime, rt_image: Image,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pause that comes while a snapshot is being copied leaves the sandbox paused (the
+    capture's thaw used to undo it), and the snapshot is still complete."""
+    rt = oci_runtime
+    await rt.create(spec("snpause", rt_image))
+    await wait_ping(rt, "snpause")
+    sh(rt, "snpause", "echo kept > /workspace/k")
+    copying, release = threading.Event(), threading.Event()
+    real_commit = rt.snapshots.commit
+
+    def held_commit(*args: object) -> None:  # the real copy, held open until the pause came
+        copying.set()
+        assert release.wait(30)
+        real_commit(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rt.snapshots, "commit", held_commit)
+    capture = asyncio.create_task(rt.snapshot("snpause", "snap-p"))
+    while not copying.is_set():
+        await asyncio.sleep(0.01)
+    assert (await rt.inspect("snpause")).state == ContainerState.PAUSED  # the capture's freeze
+    pause = asyncio.create_task(rt.pause("snpause"))
+    await asyncio.sleep(0.3)  # the pause is in, waiting for the capture
+    release.set()
+    await capture
+    await pause
+    assert (await rt.inspect("snpause")).state == ContainerState.PAUSED
+    await rt.resume("snpause")
+    assert (await rt.inspect("snpause")).state == ContainerState.RUNNING
+    assert (rt.snapshots.image("snap-p").lower_dirs[0] / "workspace" / "k").read_text() == "kept\n"
+    await rt.delete("snpause")
+    await rt.delete_snapshot("snap-p")
+    assert leftovers(rt, "snpause") == []

@@ -306,19 +306,23 @@ class DockerRuntime(Runtime):
         return ContainerInfo(sandbox_id, state, pid=int(st.get("Pid") or 0) or None)
 
     async def pause(self, sandbox_id: str) -> None:
-        info = await self.inspect(sandbox_id)
-        if info.state == ContainerState.PAUSED:
-            return
-        _require_running(info)
-        await self._engine_op("pause", self.engine.api.pause, sandbox_id)
+        # Under the sandbox's lock, as a snapshot's commit is: the engine pauses the container
+        # for the commit and unpauses it after, which would undo a pause made meanwhile.
+        async with self._locks[sandbox_id]:
+            info = await self.inspect(sandbox_id)
+            if info.state == ContainerState.PAUSED:
+                return
+            _require_running(info)
+            await self._engine_op("pause", self.engine.api.pause, sandbox_id)
 
     async def resume(self, sandbox_id: str) -> None:
-        info = await self.inspect(sandbox_id)
-        if info.state == ContainerState.RUNNING:
-            return
-        if info.state != ContainerState.PAUSED:
-            _require_running(info)
-        await self._engine_op("resume", self.engine.api.unpause, sandbox_id)
+        async with self._locks[sandbox_id]:  # not mid-commit either (see pause)
+            info = await self.inspect(sandbox_id)
+            if info.state == ContainerState.RUNNING:
+                return
+            if info.state != ContainerState.PAUSED:
+                _require_running(info)
+            await self._engine_op("resume", self.engine.api.unpause, sandbox_id)
 
     async def _engine_op(self, what: str, fn: Any, sandbox_id: str) -> None:
         try:

@@ -706,31 +706,35 @@ class OciRuntime(Runtime):
                              else None)
 
     async def pause(self, sandbox_id: str) -> None:
-        info = await self.inspect(sandbox_id)
-        if info.state == ContainerState.PAUSED:
-            return
-        self._require_running(info)
-        cid = self.container_id(sandbox_id)
-        if self.pause_modes.recorded(self.paths(sandbox_id)) == "hibernate":
-            async with self._locks[sandbox_id]:
+        # Under the sandbox's lock, as a snapshot's capture is: during the copy the sandbox
+        # is frozen by the capture, so a pause then would find it paused, do nothing, and be
+        # undone by the capture's thaw. It waits for the capture instead.
+        async with self._locks[sandbox_id]:
+            info = await self.inspect(sandbox_id)
+            if info.state == ContainerState.PAUSED:
+                return
+            self._require_running(info)
+            cid = self.container_id(sandbox_id)
+            if self.pause_modes.recorded(self.paths(sandbox_id)) == "hibernate":
                 await hibernate.hibernate(self.runc, cid, self.paths(sandbox_id))
-            return
-        await self.runc.pause(cid)
+                return
+            await self.runc.pause(cid)
 
     async def resume(self, sandbox_id: str) -> None:
-        info = await self.inspect(sandbox_id)
-        if info.state == ContainerState.RUNNING:
-            return
-        if info.state != ContainerState.PAUSED:
-            self._require_running(info)
-        cid = self.container_id(sandbox_id)
-        if info.reason == hibernate.REASON:
-            async with self._locks[sandbox_id]:
+        # Under the lock too: a resume during a capture would thaw the sandbox mid-copy.
+        async with self._locks[sandbox_id]:
+            info = await self.inspect(sandbox_id)
+            if info.state == ContainerState.RUNNING:
+                return
+            if info.state != ContainerState.PAUSED:
+                self._require_running(info)
+            cid = self.container_id(sandbox_id)
+            if info.reason == hibernate.REASON:
                 await runsc.address_sandbox_link(netns_name(cid))
                 await hibernate.restore(self.runc, cid, self.paths(sandbox_id),
                                         self._execd_connect(cid))
-            return
-        await self.runc.resume(cid)
+                return
+            await self.runc.resume(cid)
 
     @staticmethod
     def _require_running(info: ContainerInfo) -> None:
