@@ -76,6 +76,13 @@ class RuntimeConfig(_Section):
     # Warm pool (oci): this many pre-started sandboxes per listed image, claimed by create.
     warm_pool_size: int = 2
     warm_pool_images: list[str] = Field(default_factory=lambda: ["base"])
+    # oci, docker: the first create from a snapshot (or template) starts a warm pool of it,
+    # this many pre-started sandboxes (0: creates from snapshots always start cold), kept for
+    # at most snapshot_pools_max snapshots at once (the least recently used is drained for a
+    # new one) and drained after snapshot_pool_idle_seconds without a create from it.
+    snapshot_pool_size: int = Field(default=2, ge=0)
+    snapshot_pools_max: int = Field(default=4, ge=0)
+    snapshot_pool_idle_seconds: float = Field(default=600.0, gt=0)
     # oci: container starts (runc + execd start-up) run at once; more creates queue, requests
     # before warm-pool refills (runtime/admission.py). 0: two per CPU the server may use.
     max_concurrent_starts: int = Field(default=0, ge=0)
@@ -422,6 +429,11 @@ max_sandboxes = 200
 # Pre-started sandboxes per pooled image, claimed by creates in a few ms (0 turns it off).
 warm_pool_size = 2
 warm_pool_images = ["base"]
+# Warm sandboxes of each snapshot created from (0 = always cold), for at most
+# snapshot_pools_max snapshots, each drained after snapshot_pool_idle_seconds unused.
+# snapshot_pool_size = 2
+# snapshot_pools_max = 4
+# snapshot_pool_idle_seconds = 600
 # Container starts at once (more creates queue, before pool refills); 0 = two per CPU.
 # max_concurrent_starts = 0
 # How execd starts under runc with a user namespace: "exec" or "zygote" (docs/runtime.md).

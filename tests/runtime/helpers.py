@@ -208,7 +208,9 @@ EXECD_PID = ("$(for d in /proc/[0-9]*; do tr '\\0' ' ' <$d/cmdline 2>/dev/null |
 
 
 async def open_runtime(data_dir: Path) -> OciRuntime:
-    return await OciRuntime.open(Config(data_dir=data_dir), images=TEST_IMAGES)
+    cfg = Config(data_dir=data_dir)
+    cfg.runtime.snapshot_pool_size = 0  # cold creates from snapshots (test_snapshot_pools.py)
+    return await OciRuntime.open(cfg, images=TEST_IMAGES)
 
 
 async def runtime_fixture(data_dir: Path) -> AsyncIterator[OciRuntime]:

@@ -73,6 +73,7 @@ from sandlot.runtime.execd_bundle import ensure_bundle
 from sandlot.runtime.logtail import cut_to_line
 from sandlot.runtime.oci import pool
 from sandlot.runtime.oci.netns import NetnsConnector
+from sandlot.runtime.oci.snapshot_pools import SnapshotPools
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,8 @@ class DockerRuntime(Runtime):
         self, engine: Engine, plan: Plan, ports: HostPortAllocator, data_dir: Path,
         warm_pool_size: int = 0, warm_pool_images: list[str] | None = None,
         allowed_host_paths: list[str] | None = None, max_concurrent_starts: int = 0,
+        snapshot_pool_size: int = 0, snapshot_pools_max: int = 4,
+        snapshot_pool_idle_seconds: float = 600.0,
     ) -> None:
         self.engine = engine
         # Cold starts and warm refills queue here as on the OCI backend (admission.py): a
@@ -117,6 +120,10 @@ class DockerRuntime(Runtime):
         self.pool = pool.WarmPool(warm_pool_size, list(warm_pool_images or []),
                                   self._make_warm, self._remove)
         self._made_warm: set[str] = set()  # warm containers this instance started
+        # Warm containers of the snapshots sandboxes are created from (snapshot_pools.py).
+        self.snapshot_pools = SnapshotPools(snapshot_pool_size, snapshot_pools_max,
+                                            snapshot_pool_idle_seconds, self._make_warm,
+                                            self._remove)
         self._pool_lock_fd: int | None = None
         info_arch = _ARCHES.get(platform.machine(), platform.machine())
         self.capabilities = RuntimeCapabilities(
@@ -157,7 +164,8 @@ class DockerRuntime(Runtime):
                         engine_runtime=engine_runtime)
             rt = cls(engine, plan, ports, cfg.data_dir, cfg.runtime.warm_pool_size,
                      cfg.runtime.warm_pool_images, cfg.storage.allowed_host_paths,
-                     cfg.runtime.max_concurrent_starts)
+                     cfg.runtime.max_concurrent_starts, cfg.runtime.snapshot_pool_size,
+                     cfg.runtime.snapshot_pools_max, cfg.runtime.snapshot_pool_idle_seconds)
             await rt._adopt_host_ports()
             if rt._own_pool():
                 await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
@@ -178,11 +186,8 @@ class DockerRuntime(Runtime):
                 if await self._attrs(spec.sandbox_id) is not None:
                     raise Conflict(f"sandbox {spec.sandbox_id} already exists")
                 image = await self._image_of(spec, progress)
-                # A warm container's mounts and image are fixed: volumes and snapshots start
-                # cold.
-                poolable = not spec.volumes and spec.snapshot_id is None
-                taken = (self.pool.take(_pool_key(spec.image.reference, image)) if poolable
-                         else None)
+                # A warm container's mounts are fixed: creates with volumes start cold.
+                taken = self._take_warm(spec, image) if not spec.volumes else None
                 if taken is not None and await self._claim(spec, image, taken):
                     return CreateResult(execd_ready=True)  # its execd has just answered
                 await slot.enter_async_context(self.starts.slot())
@@ -193,6 +198,13 @@ class DockerRuntime(Runtime):
 
     async def _wait_started(self, spec: SandboxSpec) -> bool:
         return await admission.started(self._execd_connect(spec.sandbox_id), spec.execd_token)
+
+    def _take_warm(self, spec: SandboxSpec, image: images.EngineImage) -> pool.Warm | None:
+        """A warm container of the snapshot's pool, or of the server's pool for an image."""
+        if spec.snapshot_id is not None:
+            return self.snapshot_pools.take(
+                spec.snapshot_id, _pool_key(snapshots.image_ref(spec.snapshot_id), image))
+        return self.pool.take(_pool_key(spec.image.reference, image))
 
     async def _image_of(self, spec: SandboxSpec, progress: Progress | None) -> images.EngineImage:
         if spec.snapshot_id is None:
@@ -439,6 +451,7 @@ class DockerRuntime(Runtime):
 
     def warm_pools(self) -> dict[str, WarmPoolStats]:
         found = {"": self.pool.stats()}
+        found.update(self.snapshot_pools.stats())
         return found
 
     def diagnostic_ids(self, sandbox_id: str) -> dict[str, str]:
@@ -474,6 +487,7 @@ class DockerRuntime(Runtime):
         except BlockingIOError:
             os.close(fd)
             self.pool.size = 0
+            self.snapshot_pools.size = 0
             return False
         self._pool_lock_fd = fd
         return True
@@ -598,7 +612,9 @@ class DockerRuntime(Runtime):
             await snapshots.commit(self.engine, attrs, snapshot_id)
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        await snapshots.remove(self.engine, snapshot_id)
+        # Its warm containers go first (the engine refuses to remove an image in use).
+        async with self.snapshot_pools.draining(snapshot_id):
+            await snapshots.remove(self.engine, snapshot_id)
 
     def _reported(self, task: asyncio.Task[None]) -> None:
         self._reports.discard(task)
@@ -607,6 +623,7 @@ class DockerRuntime(Runtime):
 
     async def close(self) -> None:
         """Stop refilling and remove the unclaimed warm containers (a start makes new ones)."""
+        await self.snapshot_pools.stop()
         for key in await self.pool.stop():
             with contextlib.suppress(Exception):
                 await self._remove(key)

@@ -113,6 +113,7 @@ class WarmPool:
         self._creates = asyncio.Semaphore(self._parallel)
         self._changed = asyncio.Condition()
         self._bg: set[asyncio.Task[Any]] = set()
+        self._stopped = False  # a refill scheduled before stop() must not start after it
 
     def wants(self, image: Image) -> bool:
         return self.size > 0 and image.name in self.names
@@ -172,6 +173,8 @@ class WarmPool:
 
     def _kick(self, name: str) -> None:
         """Run up to ``parallel`` fill workers for ``name`` (a refill is mostly waiting)."""
+        if self._stopped:
+            return
         tasks = [t for t in self._fills.get(name, []) if not t.done()]
         loop = asyncio.get_running_loop()
         while len(tasks) < self._parallel:
@@ -222,6 +225,7 @@ class WarmPool:
 
     async def stop(self) -> list[str]:
         """Stop filling; returns the ready containers' ids (the caller deletes or keeps them)."""
+        self._stopped = True
         tasks = [*(t for ts in self._fills.values() for t in ts), *self._bg]
         for t in tasks:
             t.cancel()

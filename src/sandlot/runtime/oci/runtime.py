@@ -84,6 +84,7 @@ from sandlot.runtime.oci.binary import OciBinary, choose_binary, flavor_of
 from sandlot.runtime.oci.layout import SandboxPaths, netns_name
 from sandlot.runtime.oci.pausemode import PauseModes
 from sandlot.runtime.oci.runc import Runc
+from sandlot.runtime.oci.snapshot_pools import SnapshotPools
 from sandlot.runtime.oci.snapshots import SnapshotLayers
 from sandlot.server.quantity import parse_ephemeral_storage
 
@@ -180,6 +181,9 @@ class OciRuntime(Runtime):
         user_namespaces: bool = False,
         max_concurrent_starts: int = 0,
         execd_launch: str = "exec",
+        snapshot_pool_size: int = 0,
+        snapshot_pools_max: int = 4,
+        snapshot_pool_idle_seconds: float = 600.0,
     ) -> None:
         self.data_dir = data_dir
         # Cold starts and warm-pool refills queue here (admission.py): a burst of creates
@@ -227,6 +231,10 @@ class OciRuntime(Runtime):
                                   parallel=self._refills_at_once())
         self._made_warm: set[str] = set()  # warm containers this instance started
         self.snapshots = SnapshotLayers(data_dir / "snapshots")
+        # Warm containers of the snapshots sandboxes are created from (snapshot_pools.py).
+        self.snapshot_pools = SnapshotPools(snapshot_pool_size, snapshot_pools_max,
+                                            snapshot_pool_idle_seconds, self._make_warm,
+                                            self._teardown, parallel=self._refills_at_once())
         # Named pools (``/v1/pools``): pool name -> its warm pool and the image name it keeps.
         self.named_pools: dict[str, tuple[pool.WarmPool, str]] = {}
         self._pool_lock_fd: int | None = None
@@ -293,7 +301,10 @@ class OciRuntime(Runtime):
                  runsc_platform=cfg.runtime.runsc_platform, pause_mode=cfg.runtime.pause_mode,
                  user_namespaces=userns,
                  max_concurrent_starts=cfg.runtime.max_concurrent_starts,
-                 execd_launch=cfg.runtime.execd_launch)
+                 execd_launch=cfg.runtime.execd_launch,
+                 snapshot_pool_size=cfg.runtime.snapshot_pool_size,
+                 snapshot_pools_max=cfg.runtime.snapshot_pools_max,
+                 snapshot_pool_idle_seconds=cfg.runtime.snapshot_pool_idle_seconds)
         if cfg.runtime.execd_launch == "zygote" and (binary.is_gvisor or not userns):
             log.warning('[runtime] execd_launch = "zygote" applies to runc sandboxes with a '
                         "user namespace only; every sandbox here starts execd with %s",
@@ -337,6 +348,7 @@ class OciRuntime(Runtime):
         except BlockingIOError:
             os.close(fd)
             self.pool.size = 0
+            self.snapshot_pools.size = 0
             return False
         self._pool_lock_fd = fd
         return True
@@ -596,7 +608,10 @@ class OciRuntime(Runtime):
     # -- named pools --------------------------------------------------------------------
 
     def _take_warm(self, spec: SandboxSpec, image: Image) -> pool.Warm | None:
-        """A warm container for ``spec``: from the pool it names first, then the server's."""
+        """A warm container for ``spec``: of its snapshot's pool, or from the pool it names
+        first, then the server's."""
+        if spec.snapshot_id is not None:
+            return self.snapshot_pools.take(spec.snapshot_id, image)
         named = self.named_pools.get(spec.extensions.get("poolRef", ""))
         warm = named[0].take(image) if named is not None else None
         return warm if warm is not None else self.pool.take(image)
@@ -684,8 +699,13 @@ class OciRuntime(Runtime):
         if pools:
             raise Conflict(f"snapshot {snapshot_id} is in use by pool {', '.join(pools)}; "
                            "delete the pool first", code="SNAPSHOT::DELETE_CONFLICT")
-        live = await self.list_ids()
-        await asyncio.to_thread(self.snapshots.delete, snapshot_id, live)
+        # A snapshot in use is refused before its warm pool is touched; otherwise its warm
+        # containers (which stand on its layer) go first, and none starts meanwhile.
+        await asyncio.to_thread(self.snapshots.refuse_if_used, snapshot_id,
+                                await self.list_ids())
+        async with self.snapshot_pools.draining(snapshot_id):
+            live = await self.list_ids()
+            await asyncio.to_thread(self.snapshots.delete, snapshot_id, live)
 
     # -- state --------------------------------------------------------------------------
 
@@ -801,6 +821,7 @@ class OciRuntime(Runtime):
     def warm_pools(self) -> dict[str, WarmPoolStats]:
         found = {"": self.pool.stats()}
         found.update({name: keeper.stats() for name, (keeper, _) in self.named_pools.items()})
+        found.update(self.snapshot_pools.stats())
         return found
 
     def diagnostic_ids(self, sandbox_id: str) -> dict[str, str]:
@@ -839,6 +860,7 @@ class OciRuntime(Runtime):
     async def drain_pool(self) -> None:
         for name in list(self.named_pools):
             await self.remove_pool(name)
+        await self.snapshot_pools.stop()
         for cid in await self.pool.stop():
             with contextlib.suppress(Exception):
                 await self._teardown(cid)

@@ -109,6 +109,20 @@ class SnapshotLayers:
         d = self._dir(snapshot_id)
         if not d.exists():
             return
+        self.refuse_if_used(snapshot_id, live_sandboxes)
+        meta = json.loads((d / _META).read_text()) if (d / _META).exists() else {}
+        parent = meta.get("parent")
+        doomed = self.root / f".tmp-del-{snapshot_id}"
+        os.replace(d, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        if parent:
+            (self.root / parent / "children" / snapshot_id).unlink(missing_ok=True)
+
+    def refuse_if_used(self, snapshot_id: str, live_sandboxes: set[str]) -> None:
+        """409 while a live sandbox or a later snapshot stands on the snapshot."""
+        d = self._dir(snapshot_id)
+        if not d.exists():
+            return
         for user in self.users(snapshot_id):
             if user not in live_sandboxes:  # its sandbox is gone (e.g. a crash): forget it
                 (d / "users" / user).unlink(missing_ok=True)
@@ -119,10 +133,3 @@ class SnapshotLayers:
             what = [f"sandbox {u}" for u in users] + [f"snapshot {c}" for c in children]
             raise Conflict(f"snapshot {snapshot_id} is in use by {', '.join(what)}; delete "
                            "those first", code="SNAPSHOT::DELETE_CONFLICT")
-        meta = json.loads((d / _META).read_text()) if (d / _META).exists() else {}
-        parent = meta.get("parent")
-        doomed = self.root / f".tmp-del-{snapshot_id}"
-        os.replace(d, doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
-        if parent:
-            (self.root / parent / "children" / snapshot_id).unlink(missing_ok=True)
