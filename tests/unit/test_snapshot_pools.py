@@ -1,0 +1,96 @@
+"""SnapshotPools' bookkeeping with fake warm-container starts (the real ones are in
+tests/runtime/test_snapshot_pools.py): a miss starts a pool, the cap drains the least
+recently used one, an idle pool is drained, and a draining snapshot starts no pool."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+
+from sandlot.images.model import Image
+from sandlot.runtime.oci.pool import Warm
+from sandlot.runtime.oci.snapshot_pools import SnapshotPools
+
+
+class FakeStarts:
+    def __init__(self) -> None:
+        self.live: set[str] = set()
+        self._ids = itertools.count()
+
+    async def make(self, image: Image) -> Warm:
+        await asyncio.sleep(0.01)
+        cid = f"_pool-{next(self._ids)}"
+        self.live.add(cid)
+        return Warm(cid, "tok", image.id)
+
+    async def discard(self, cid: str) -> None:
+        self.live.discard(cid)
+
+
+def _image(snapshot_id: str) -> Image:
+    return Image(name=f"snapshot/{snapshot_id}", id=f"snapshot:{snapshot_id}",
+                 lower_dirs=[Path("/nonexistent")])
+
+
+async def _until(check: object, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():  # type: ignore[operator]
+            await asyncio.sleep(0.01)
+
+
+async def test_miss_starts_a_pool_and_the_next_create_claims() -> None:
+    fake = FakeStarts()
+    pools = SnapshotPools(2, 4, 600, fake.make, fake.discard)
+    assert pools.take("a", _image("a")) is None
+    assert pools.kept() == ["a"]
+    await pools.wait_full("a", timeout=5)
+    warm = pools.take("a", _image("a"))
+    assert warm is not None and warm.container_id in fake.live
+    assert pools.stats()["snapshot/a"].claims == 1
+    await pools.stop()
+    assert fake.live == {warm.container_id}  # the claimed one is the sandbox's now
+
+
+async def test_cap_drains_the_least_recently_used() -> None:
+    fake = FakeStarts()
+    pools = SnapshotPools(1, 2, 600, fake.make, fake.discard)
+    for sid in ("a", "b"):
+        pools.take(sid, _image(sid))
+        await pools.wait_full(sid, timeout=5)
+    pools.take("a", _image("a"))  # a is used again: b is now the oldest
+    pools.take("c", _image("c"))
+    assert pools.kept() == ["a", "c"]
+    await pools.wait_full("c", timeout=5)
+    await _until(lambda: len(fake.live) == 2)  # a's claimed one, c's; b's removed
+    await pools.stop()
+
+
+async def test_idle_pool_is_drained() -> None:
+    fake = FakeStarts()
+    pools = SnapshotPools(1, 4, 0.2, fake.make, fake.discard)
+    pools.take("a", _image("a"))
+    await _until(lambda: pools.kept() == [] and not fake.live)
+    await pools.stop()
+
+
+async def test_a_draining_snapshot_starts_no_pool() -> None:
+    fake = FakeStarts()
+    pools = SnapshotPools(1, 4, 600, fake.make, fake.discard)
+    pools.take("a", _image("a"))
+    await pools.wait_full("a", timeout=5)
+    async with pools.draining("a"):
+        assert not fake.live and pools.kept() == []
+        assert pools.take("a", _image("a")) is None
+        assert pools.kept() == []
+    assert pools.take("a", _image("a")) is None  # after the delete: a pool again
+    assert pools.kept() == ["a"]
+    await pools.stop()
+    assert not fake.live
+
+
+async def test_size_zero_is_off() -> None:
+    fake = FakeStarts()
+    pools = SnapshotPools(0, 4, 600, fake.make, fake.discard)
+    assert pools.take("a", _image("a")) is None
+    assert pools.kept() == [] and not fake.live
