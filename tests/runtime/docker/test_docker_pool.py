@@ -94,3 +94,42 @@ async def test_images_the_engine_lacks_are_not_pooled(
         assert _warm_names(private_dockerd, rt.plan.owner) == []
     finally:
         await closing(rt, private_dockerd)
+
+
+async def test_snapshot_pool_claims_and_drains(
+    docker_host: str, docker_data_dir: Path, docker_base_image: str,
+    private_dockerd: PrivateDockerd,
+) -> None:
+    """The first create from a snapshot starts its warm pool; the next is a claim of a
+    container of the snapshot's image; the snapshot's delete removes the pool's containers."""
+    rt = await DockerRuntime.open(Config.model_validate({
+        "data_dir": str(docker_data_dir), "docker": {"network_mode": "bridge"},
+        "runtime": {"warm_pool_size": 0, "snapshot_pool_size": 1}}))
+    try:
+        await rt.create(dspec("dk-snsrc", docker_base_image, entrypoint=["sleep", "600"]))
+        await wait_ready(rt, "dk-snsrc")
+        assert (await adexec(private_dockerd, "dk-snsrc", "echo kept > /tmp/k")).exit_code == 0
+        await rt.snapshot("dk-snsrc", "dksnap")
+        before = set(_warm_names(private_dockerd, rt.plan.owner))
+
+        await rt.create(dspec("dk-snf1", docker_base_image, snapshot_id="dksnap"))  # cold
+        assert rt.snapshot_pools.kept() == ["dksnap"]
+        await rt.snapshot_pools.wait_full("dksnap", timeout=120)
+        await rt.create(dspec("dk-snf2", docker_base_image, snapshot_id="dksnap",
+                              env={"GREETING": "from the pool"}))
+        await wait_ready(rt, "dk-snf2")
+        warm = set(_warm_names(private_dockerd, rt.plan.owner)) - before
+        assert "sandlot-dk-snf2" in warm and "sandlot-dk-snf1" not in warm  # a claim
+        for sid in ("dk-snf1", "dk-snf2"):
+            r = await adexec(private_dockerd, sid, "cat /tmp/k; hostname")
+            assert r.output.split() == ["kept", sid]
+
+        for sid in ("dk-snf1", "dk-snf2"):
+            await rt.delete(sid)
+        await rt.snapshot_pools.wait_full("dksnap", timeout=120)  # refilled after the claim
+        await rt.delete_snapshot("dksnap")
+        assert rt.snapshot_pools.kept() == []
+        assert set(_warm_names(private_dockerd, rt.plan.owner)) - before == set()
+        await rt.delete("dk-snsrc")
+    finally:
+        await rt.close()
