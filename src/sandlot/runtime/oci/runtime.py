@@ -608,12 +608,12 @@ class OciRuntime(Runtime):
     # -- named pools --------------------------------------------------------------------
 
     def _take_warm(self, spec: SandboxSpec, image: Image) -> pool.Warm | None:
-        """A warm container for ``spec``: of its snapshot's pool, or from the pool it names
-        first, then the server's."""
-        if spec.snapshot_id is not None:
-            return self.snapshot_pools.take(spec.snapshot_id, image)
+        """A warm container for ``spec``: from the pool it names first, else of its
+        snapshot's pool (a create from a snapshot naming no pool), else the server's."""
         named = self.named_pools.get(spec.extensions.get("poolRef", ""))
         warm = named[0].take(image) if named is not None else None
+        if warm is None and named is None and spec.snapshot_id is not None:
+            return self.snapshot_pools.take(spec.snapshot_id, image)
         return warm if warm is not None else self.pool.take(image)
 
     async def ensure_pool(self, name: str, image: ImageRef, size: int,
