@@ -108,10 +108,5 @@ async def test_root_in_a_sandbox_cannot_escape(server: SandlotServer) -> None:
         # gVisor answers these itself: a user namespace of its own kernel (runsc does not
         # apply sandlot's seccomp profile: docs/security.md), no host kernel surface.
         got.pop("unshare_user")
-    if server.backend == "docker":
-        # Known gap, open in issue 11 (docs/security.md, "docker"): the engine's default
-        # seccomp profile lets AF_VSOCK sockets be made; sandlot does not give Docker its own
-        # profile yet. Pinned so that a fix shows up here.
-        assert got.pop("vsock") == "ok"
     escaped = sorted(name for name, how in got.items() if how != "refused")
     assert not escaped, f"{server.backend}: root in a sandbox could {escaped}: {got}\n{mounts}"
