@@ -210,15 +210,7 @@ class PrivateDockerd:
             with contextlib.suppress(DockerException):
                 self._remove_leftovers()
             self.client.close()
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        _unmount_under(self.workdir)
-        _unmount_under(self.data_root)
+        stop_dockerd(self.proc, self.workdir, self.data_root)
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
         shutil.rmtree(self.workdir, ignore_errors=True)
         if self._lock_fd is not None:
@@ -239,6 +231,23 @@ def _stop_orphans(data_root: Path) -> None:
                     proc.kill()
         except psutil.Error:
             continue
+
+
+def stop_dockerd(proc: subprocess.Popen[bytes] | None, *mount_roots: Path) -> None:
+    """End a dockerd started in a session of its own (SIGTERM to its process group, shims
+    included; SIGKILL after 30 s), then lazily unmount what it left under ``mount_roots``.
+
+    Used by the tests' private dockerd and by the bench's docker baseline.
+    """
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    for root in mount_roots:
+        _unmount_under(root)
 
 
 def _unmount_under(root: Path) -> None:

@@ -9,15 +9,14 @@ socket as docker-py does (no CLI start-up cost in the figures). Stopped and remo
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from tests.docker_engine import stop_dockerd
 
 IMAGE = "sandlot-bench-base:latest"
 
@@ -127,14 +126,7 @@ class DockerBaseline:
                 with contextlib.suppress(httpx.HTTPError):
                     self.remove(cid)
             self.client.close()
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        _unmount_under(self.workdir)
+        stop_dockerd(self.proc, self.workdir)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -149,15 +141,3 @@ def _tar_stream(rootfs: Path) -> Iterator[bytes]:
     finally:
         proc.stdout.close()
         proc.wait(timeout=60)
-
-
-def _unmount_under(root: Path) -> None:
-    prefix = str(root)
-    try:
-        with open("/proc/self/mountinfo") as fh:
-            points = [line.split()[4] for line in fh if line.split()[4].startswith(prefix)]
-    except OSError:
-        return
-    for point in sorted(points, key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-

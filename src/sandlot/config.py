@@ -221,7 +221,7 @@ class DockerConfig(_Section):
     drop_capabilities: list[str] = Field(
         default_factory=lambda: list(DEFAULT_DROPPED_CAPABILITIES)
     )
-    seccomp_profile: str | None = None  # empty/unset: the engine's default profile
+    seccomp_profile: str | None = None  # empty/unset: sandlot's own (the oci runtime's)
     apparmor_profile: str | None = None  # empty/unset: the engine's default
 
 

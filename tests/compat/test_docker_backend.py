@@ -1,9 +1,11 @@
 """``sandlot serve`` with ``[runtime] type = "docker"``: upstream's own example config file
 runs unchanged; containers removed behind sandlot's back become Failed (while it runs and
-across a kill -9 restart); surviving sandboxes are found again from their labels."""
+across a kill -9 restart); surviving sandboxes are found again from their labels; a PTY
+session works in a sandbox of the engine."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -18,6 +20,7 @@ import httpx
 import pytest
 from opensandbox import Sandbox
 from opensandbox.config import ConnectionConfig
+from websockets.sync.client import connect
 
 from sandlot.runtime.docker.container import container_name
 from tests.compat.conftest import (
@@ -29,6 +32,8 @@ from tests.compat.conftest import (
 )
 from tests.conftest import free_port
 from tests.docker_engine import PrivateDockerd
+from tests.execd.test_pty import stdin
+from tests.security.running import EXECD_PORT
 
 pytestmark = pytest.mark.backends("docker")
 
@@ -142,3 +147,37 @@ async def test_upstream_example_config_runs_unchanged(
             all=True, filters={"label": f"io.sandlot.owner={owner}"})
         shutil.rmtree(example_data_dir, ignore_errors=True)
         assert left == []  # the sandbox's container went with its delete
+
+
+def _pty_round(url: str, headers: dict[str, str]) -> str:
+    """Open a PTY session on execd behind ``url``, run a line in it, return what it printed."""
+    with httpx.Client(base_url=url, headers=headers, timeout=60) as c:
+        r = c.post("/pty", json={"cwd": "/tmp", "cols": 90, "rows": 20})
+        assert r.status_code == 201, r.text
+        sid = r.json()["session_id"]
+        ws_url = url.replace("http://", "ws://", 1) + f"/pty/{sid}/ws"
+        with connect(ws_url, additional_headers=headers) as ws:
+            stdin(ws, "stty size; tty; echo X$((6*7))X\n")
+            text = ""
+            deadline = time.monotonic() + 60
+            while "X42X" not in text:  # output frames (the first byte: their kind), JSON aside
+                raw = ws.recv(timeout=max(0.1, deadline - time.monotonic()))
+                if isinstance(raw, bytes):
+                    text += raw[1:].decode(errors="replace")
+        assert c.delete(f"/pty/{sid}").status_code in (200, 204)
+    return text
+
+
+async def test_pty_session_in_a_docker_sandbox(sandlot_server: SandlotServer) -> None:
+    """A terminal under sandlot's seccomp profile in the engine: openpty, job control, resize
+    settings (the PTY suite itself runs execd on the host: tests/execd/test_pty.py)."""
+    sandbox = await Sandbox.create(COMPAT_IMAGE, connection_config=sandlot_server.sdk_config(),
+                                   ready_timeout=timedelta(seconds=120))
+    try:
+        ep = await sandbox.get_endpoint(EXECD_PORT)
+        url = ep.endpoint if "://" in ep.endpoint else f"http://{ep.endpoint}"
+        text = await asyncio.to_thread(_pty_round, url, dict(ep.headers))
+        assert "20 90" in text and "/dev/pts/" in text, text
+    finally:
+        await sandbox.kill()
+        await sandbox.close()

@@ -13,6 +13,7 @@ from sandlot.config import DEFAULT_DROPPED_CAPABILITIES, Config, DockerConfig
 from sandlot.errors import RuntimeFailure
 from sandlot.runtime.docker import DockerRuntime
 from sandlot.runtime.docker.container import security_options
+from sandlot.runtime.oci.seccomp import seccomp_profile
 from sandlot.runtime.registry import runtime_class
 from tests.docker_engine import PrivateDockerd
 from tests.runtime.docker.conftest import closing, open_docker_runtime
@@ -21,6 +22,7 @@ from tests.runtime.docker.helpers import adexec, dspec, wait_ready
 # What `opensandbox-server init-config --example docker` writes: the reference server copies
 # its packaged examples/example.config.toml verbatim; this is that file, unchanged.
 UPSTREAM_EXAMPLE = Path(__file__).parent / "fixtures" / "upstream-example-docker.toml"
+SANDLOT_SECCOMP = f"seccomp={json.dumps(seccomp_profile())}"
 
 
 def test_upstream_example_loads_unchanged() -> None:
@@ -32,7 +34,8 @@ def test_upstream_example_loads_unchanged() -> None:
     assert d.network_mode == "bridge"
     assert d.no_new_privileges is True and d.pids_limit == 4096
     assert d.drop_capabilities == DEFAULT_DROPPED_CAPABILITIES
-    assert security_options(d) == ["no-new-privileges=true"]  # "" = the engine's defaults
+    # "" = sandlot's own seccomp profile (the oci runtime's), not the engine's default
+    assert security_options(d) == ["no-new-privileges=true", SANDLOT_SECCOMP]
     # keys sandlot does not use are named, never silently dropped
     assert any("execd_image" in w for w in cfg.warnings())
 
@@ -54,9 +57,11 @@ def test_host_ip_is_the_endpoint_host() -> None:
 
 
 def test_security_options(tmp_path: Path) -> None:
-    assert security_options(DockerConfig(no_new_privileges=False)) == []
+    assert security_options(DockerConfig(no_new_privileges=False)) == [SANDLOT_SECCOMP]
     assert security_options(DockerConfig(apparmor_profile="docker-default")) == [
-        "no-new-privileges=true", "apparmor=docker-default"]
+        "no-new-privileges=true", "apparmor=docker-default", SANDLOT_SECCOMP]
+    assert security_options(DockerConfig(seccomp_profile="  ")) == [
+        "no-new-privileges=true", SANDLOT_SECCOMP]
     assert security_options(DockerConfig(seccomp_profile="unconfined"))[-1] == \
         "seccomp=unconfined"
     profile = tmp_path / "p.json"
@@ -92,6 +97,9 @@ async def test_custom_seccomp_profile_and_no_pids_limit(
         host = private_dockerd.client.api.inspect_container("sandlot-dk-sec")["HostConfig"]
         assert not host.get("PidsLimit")  # [docker] pids_limit = null: no limit
         assert not host.get("CapDrop")
+        # the operator's profile wins: it alone is passed, not sandlot's own
+        assert [o for o in host["SecurityOpt"] if o.startswith("seccomp=")] == [
+            f"seccomp={profile.read_text()}"]
     finally:
         await closing(rt, private_dockerd)
 

@@ -1,17 +1,21 @@
 """Issue 10's isolation checks on the docker backend: no host files or processes, the pids
-and memory limits hold, and the bundle cannot be changed from inside."""
+and memory limits hold, the bundle cannot be changed from inside; and issue 11's: sandlot's
+seccomp profile (socket-family allow list) holds there as on the oci backend."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import uuid
 from pathlib import Path
 
 from sandlot.runtime.docker import DockerRuntime
 from sandlot.runtime.docker.container import container_name
+from sandlot.runtime.oci.seccomp import seccomp_profile
 from tests.docker_engine import PrivateDockerd
 from tests.runtime.docker.helpers import adexec, dspec, wait_ready
+from tests.socket_families import PROBE_COMMAND, check_families
 
 
 def _cgroup_file(engine: PrivateDockerd, sandbox_id: str, controller: str, name: str) -> Path:
@@ -104,3 +108,27 @@ async def test_memory_hog_is_oom_killed_and_execd_survives(
     if peak.exists():  # cgroup v1
         assert int(peak.read_text()) <= (128 << 20) + (1 << 20)
     await wait_ready(rt, "dk-hog")  # execd (the container's init) is still there
+
+
+async def test_sandlots_seccomp_profile_by_default(
+    docker_runtime: DockerRuntime, docker_base_image: str, private_dockerd: PrivateDockerd
+) -> None:
+    """Unset ``[docker] seccomp_profile``: the oci runtime's profile, not the engine's default
+    (which lets AF_VSOCK through): the same socket families and denied calls as oci+runc."""
+    rt = docker_runtime
+    await rt.create(dspec("dk-seccomp", docker_base_image))
+    await wait_ready(rt, "dk-seccomp")
+    assert private_dockerd.client is not None
+    opts = private_dockerd.client.api.inspect_container(
+        container_name("dk-seccomp"))["HostConfig"]["SecurityOpt"]
+    sec = [json.loads(o.split("=", 1)[1]) for o in opts if o.startswith("seccomp=")]
+    assert sec == [seccomp_profile()], opts
+    r = await adexec(private_dockerd, "dk-seccomp", PROBE_COMMAND)
+    assert r.exit_code == 0, r.output
+    check_families(r.output)
+    r = await adexec(private_dockerd, "dk-seccomp",
+                     "unshare -U true 2>&1; echo rc=$?; "
+                     "python3 -c 'import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); "
+                     "sys.exit(0 if libc.syscall(321, 0, 0, 0) == -1 and "  # bpf(2) on x86_64
+                     "ctypes.get_errno() == 1 else 1)'; echo bpf=$?")
+    assert "rc=0" not in r.output and "bpf=0" in r.output, r.output

@@ -25,6 +25,7 @@ from sandlot.runtime.docker.network import NetworkKind, NetworkMode
 from sandlot.runtime.execd_bundle import ExecdBundle
 from sandlot.runtime.oci.claimops import WARM_CPU_SHARES
 from sandlot.runtime.oci.pool import is_pool_id
+from sandlot.runtime.oci.seccomp import seccomp_profile
 from sandlot.runtime.oci.spec import EXECD_OOM_SCORE_ADJ, can_lower_oom_score_adj
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,11 @@ def sandbox_of(name: str) -> str | None:
 def security_options(cfg: DockerConfig) -> list[str]:
     """``security_opt`` from ``[docker]``; a seccomp profile file is read here, at start.
 
-    The engine API takes a seccomp profile's JSON itself (the docker CLI reads files for
-    its user), so a path is read and checked once, and a bad one refuses the start.
+    Unset, the containers get sandlot's own seccomp profile (the OCI runtime's: its deny
+    list and socket-family allow list), not the engine's default, so that a sandbox is held
+    by the same rules on every backend (the engine's default lets AF_VSOCK through). The
+    engine API takes a profile's JSON itself (the docker CLI reads files for its user), so
+    an operator's file is read and checked once, and a bad one refuses the start.
     """
     opts: list[str] = []
     if cfg.no_new_privileges:
@@ -80,7 +84,7 @@ def security_options(cfg: DockerConfig) -> list[str]:
         if not path.is_absolute():
             raise RuntimeFailure(
                 f"[docker] seccomp_profile {profile!r} must be an absolute path to a JSON "
-                "profile, 'unconfined', or empty for the engine's default profile"
+                "profile, 'unconfined', or empty for sandlot's own profile"
             )
         try:
             text = path.read_text()
@@ -88,6 +92,9 @@ def security_options(cfg: DockerConfig) -> list[str]:
         except (OSError, ValueError) as exc:
             raise RuntimeFailure(f"[docker] seccomp_profile {profile}: {exc}") from exc
         opts.append(f"seccomp={text}")
+    else:
+        # Docker's profile format is the OCI ``linux.seccomp`` object's shape.
+        opts.append(f"seccomp={json.dumps(seccomp_profile())}")
     return opts
 
 

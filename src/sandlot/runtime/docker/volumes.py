@@ -34,9 +34,8 @@ from docker.types import Mount
 from sandlot.errors import InvalidRequest, RuntimeFailure
 from sandlot.runtime.base import VolumeSpec
 from sandlot.runtime.docker.engine import Engine
-from sandlot.runtime.hostpath import PathEscape, open_beneath
 from sandlot.runtime.oci import mounts
-from sandlot.runtime.oci.volumes import bind_fd, host_root
+from sandlot.runtime.oci.volumes import bind_fd, check_sub_path, host_root, open_source
 
 LABEL_OWNER = "io.sandlot.owner"
 LABEL_DELETE = "io.sandlot.delete-on-termination"  # made by a request asking for removal
@@ -86,7 +85,7 @@ class DockerVolumes:
                                "not exist and createIfNotExists is false")
                 continue
             if v.sub_path:
-                await asyncio.to_thread(_check_sub_path, v, self._mountpoint(v, info))
+                await asyncio.to_thread(check_sub_path, v, self._mountpoint(v, info))
 
     # -- create ---------------------------------------------------------------------------
 
@@ -127,12 +126,7 @@ class DockerVolumes:
 
     @staticmethod
     def _stage(v: VolumeSpec, base: str, rel: str, folder: Path) -> Path:
-        try:
-            fd = open_beneath(base, rel, create=True)
-        except PathEscape as exc:
-            raise _bad("INVALID_HOST_PATH" if v.kind == "host" else "INVALID_SUB_PATH",
-                       f"volume {v.name!r}: {exc.strerror}: a volume may not lead out of "
-                       "its directory through a symbolic link") from exc
+        fd = open_source(v, base, rel)
         target = folder / v.name
         try:
             target.mkdir(mode=0o700)
@@ -237,17 +231,6 @@ class DockerVolumes:
         if not self.root.is_dir():
             return set()
         return {f.name for f in self.root.iterdir() if f.is_dir()}
-
-
-def _check_sub_path(v: VolumeSpec, mountpoint: str) -> None:
-    """A link a workload left in the volume cannot carry a subPath out of it: 400 at once."""
-    try:
-        os.close(open_beneath(mountpoint, v.sub_path or ""))
-    except FileNotFoundError:
-        pass  # made when mounted
-    except PathEscape as exc:
-        raise _bad("INVALID_SUB_PATH", f"volume {v.name!r}: subPath {v.sub_path!r}: "
-                                       f"{exc.strerror}") from exc
 
 
 def _claims_of(folder: Path) -> list[str]:

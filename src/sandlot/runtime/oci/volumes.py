@@ -46,6 +46,31 @@ def _bad(code: str, message: str) -> InvalidRequest:
     return InvalidRequest(message, code=f"VOLUME::{code}")
 
 
+def open_source(v: VolumeSpec, root: str, relative: str) -> int:
+    """An ``O_PATH`` descriptor of volume ``v``'s directory ``root/relative`` (made when
+    missing); a link or ``..`` on the way is the 400 of the field that leads out of it."""
+    try:
+        return open_beneath(root, relative, create=True)
+    except PathEscape as exc:
+        raise _bad("INVALID_HOST_PATH" if v.kind == "host" else "INVALID_SUB_PATH",
+                   f"volume {v.name!r}: {exc.strerror}: a volume may not lead out of "
+                   "its directory through a symbolic link") from exc
+
+
+def check_sub_path(v: VolumeSpec, root: str) -> None:
+    """A link a workload left in a volume cannot carry a subPath out of it: 400 at once (a
+    missing subPath is made when mounted)."""
+    if not v.sub_path:
+        return
+    try:
+        os.close(open_beneath(root, v.sub_path))
+    except FileNotFoundError:
+        pass
+    except PathEscape as exc:
+        raise _bad("INVALID_SUB_PATH", f"volume {v.name!r}: subPath {v.sub_path!r}: "
+                                       f"{exc.strerror}") from exc
+
+
 @dataclass(frozen=True)
 class StagedVolume:
     spec: VolumeSpec
@@ -94,15 +119,7 @@ class PvcStore:
                 raise _bad("PVC_NOT_FOUND", f"volume {v.name!r}: pvc {v.source!r} does not "
                                             "exist and createIfNotExists is false")
             return
-        if not v.sub_path:
-            return
-        try:
-            os.close(open_beneath(str(self.data_dir(v.source)), v.sub_path))
-        except FileNotFoundError:
-            pass  # made when mounted
-        except PathEscape as exc:
-            raise _bad("INVALID_SUB_PATH", f"volume {v.name!r}: subPath {v.sub_path!r}: "
-                                           f"{exc.strerror}") from exc
+        check_sub_path(v, str(self.data_dir(v.source)))
 
     def acquire(self, claim: str, user: str, *, create: bool, delete_when_unused: bool,
                 volume_name: str, size: int | None = None) -> Path:
@@ -266,12 +283,7 @@ def stage(volumes: list[VolumeSpec], sandbox_root: Path, container_id: str,
         else:
             raise _bad("UNSUPPORTED_BACKEND", f"volume {v.name!r}: {v.kind} volumes are not "
                                               "supported by the oci runtime")
-        try:
-            fd = open_beneath(root, rel, create=True)
-        except PathEscape as exc:
-            raise _bad("INVALID_HOST_PATH" if v.kind == "host" else "INVALID_SUB_PATH",
-                       f"volume {v.name!r}: {exc.strerror}: a volume may not lead out of "
-                       "its directory through a symbolic link") from exc
+        fd = open_source(v, root, rel)
         try:
             target = vol_dir / v.name
             target.mkdir(mode=0o700)
