@@ -89,7 +89,7 @@ class RuntimeConfig(_Section):
     # oci + runc, sandboxes with a user namespace: how execd starts. "exec": runc runs a
     # fresh interpreter as PID 1; "zygote": a pre-imported execd is forked into the
     # sandbox (docs/runtime.md). Others (runsc, no user namespace) always use "exec".
-    execd_launch: Literal["exec", "zygote"] = "exec"
+    execd_launch: Literal["exec", "zygote"] = "zygote"
     # Cap on a sandbox's writable layer when a create names no resourceLimits
     # "ephemeral-storage" (a quantity such as "2Gi"); unset = no cap (docs/volumes.md).
     default_ephemeral_storage: str | None = None

@@ -37,7 +37,8 @@ def test_bundle_contents(oci_runtime: OciRuntime) -> None:
 def test_bundle_python_loads_only_bundle_libraries(oci_runtime: OciRuntime) -> None:
     b = oci_runtime.bundle
     code = (
-        "import sandlot.execd.app, uvicorn, zmq, psutil, jupyter_client, uvloop, httptools\n"
+        "import sandlot.execd.app, sandlot.execd.httpserver, sandlot.execd.code, zmq, psutil\n"
+        "import jupyter_client, websockets.server, prctl\n"
         "import sys, ssl, ctypes, sqlite3\n"
         "libs = {l.split()[-1] for l in open('/proc/self/maps') if '.so' in l}\n"
         "print(sys.prefix)\n"
@@ -73,7 +74,19 @@ def test_bundle_is_cached_and_keyed_on_code(oci_runtime: OciRuntime, tmp_path: P
 
 def test_distribution_closure_follows_requirements() -> None:
     names = {d.metadata["Name"].lower().replace("_", "-") for d in eb.distribution_closure()}
-    for needed in ("starlette", "anyio", "uvicorn", "jupyter-client", "pyzmq", "psutil",
-                   "traitlets", "python-dateutil", "six"):
+    for needed in ("starlette", "anyio", "h11", "websockets", "jupyter-client", "pyzmq",
+                   "psutil", "traitlets", "python-dateutil", "six"):
         assert needed in names, needed
-    assert "pytest" not in names
+    # execd serves HTTP itself: the server's ASGI stack stays out of sandboxes.
+    for absent in ("pytest", "uvicorn", "uvloop", "httptools", "click"):
+        assert absent not in names, absent
+
+
+def test_bundle_has_no_server_http_stack(oci_runtime: OciRuntime) -> None:
+    """execd and the zygote import nothing of uvicorn: the bundle does not ship it."""
+    site = oci_runtime.bundle.path / "site-packages"
+    assert (site / "h11").is_dir()
+    for absent in ("uvicorn", "uvloop", "httptools", "click"):
+        assert not (site / absent).exists(), absent
+    r = _run_bundle_python(oci_runtime.bundle, "import uvicorn")
+    assert r.returncode != 0 and "uvicorn" in r.stderr

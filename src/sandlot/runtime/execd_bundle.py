@@ -34,10 +34,12 @@ from pathlib import Path
 FORMAT_VERSION = "1"
 MOUNT_POINT = "/opt/sandlot"
 # Every distribution execd imports (their own requirements are added automatically).
+# execd serves HTTP itself (execd/httpserver.py on h11 and websockets' sans-I/O protocol):
+# no uvicorn, httptools, uvloop or click (uvicorn's CLI) in sandboxes.
 EXECD_DISTRIBUTIONS = (
-    "starlette", "anyio", "sniffio", "idna", "uvicorn", "h11", "httptools", "uvloop",
+    "starlette", "anyio", "sniffio", "idna", "h11",
     "websockets", "python-multipart", "jupyter_client", "pyzmq", "tornado", "traitlets",
-    "jupyter_core", "platformdirs", "python-dateutil", "six", "psutil", "click",
+    "jupyter_core", "platformdirs", "python-dateutil", "six", "psutil",
     "typing_extensions", "wcmatch",
     # the execd zygote's confinement steps (sandlot.execd.confine), host-side only
     "pyseccomp", "python-prctl",

@@ -180,7 +180,7 @@ class OciRuntime(Runtime):
         pause_mode: str = "freeze",
         user_namespaces: bool = False,
         max_concurrent_starts: int = 0,
-        execd_launch: str = "exec",
+        execd_launch: str = "zygote",
         snapshot_pool_size: int = 0,
         snapshot_pools_max: int = 4,
         snapshot_pool_idle_seconds: float = 600.0,
