@@ -6,7 +6,7 @@ import asyncio
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -64,6 +64,19 @@ QUICK = Scale(
     docker_density=2, proxy_runs=5, proxy_download_bytes=4 << 20, settle_seconds=0.5,
     bench_timeout=120.0,
 )
+
+
+def with_bursts(scale: Scale, spec: str) -> Scale:
+    """``scale`` with the create bursts of ``spec`` ("50" or "50x1,100x1": size x rounds),
+    e.g. ``SANDLOT_BENCH_BURSTS=50 python -m bench create --quick`` for the 50-burst rows
+    alone at quick scale. Empty: unchanged."""
+    if not spec.strip():
+        return scale
+    bursts = []
+    for part in spec.split(","):
+        level, _, rounds = part.strip().partition("x")
+        bursts.append((int(level), int(rounds or 1)))
+    return replace(scale, create_concurrency=tuple(bursts))
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import signal
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from bench.benchmarks import BENCHMARKS, EXPECTED_KEYS, IMAGES
-from bench.env import FULL, QUICK, BenchEnv
+from bench.env import FULL, QUICK, BenchEnv, with_bursts
 from bench.profiling import Profiler
 from bench.report import print_table, write_chart
 from bench.results import BenchOutcome, RunReport, now, result_stem, skipped, write_json
@@ -183,6 +184,7 @@ def _describe_host(opts: Options) -> dict[str, object]:
                               "rev-parse", "--short", "HEAD"]),
         "image_cache": str(opts.image_cache),
         "runtime_toml": os.environ.get("SANDLOT_BENCH_RUNTIME_TOML", ""),
+        "bursts": os.environ.get("SANDLOT_BENCH_BURSTS", ""),
     }
 
 
@@ -205,7 +207,7 @@ def images_to_build(opts: Options) -> list[str]:
 
 def run(opts: Options) -> tuple[RunReport, int]:
     console = Console(width=200)
-    scale = QUICK if opts.quick else FULL
+    scale = with_bursts(QUICK if opts.quick else FULL, os.environ.get("SANDLOT_BENCH_BURSTS", ""))
     report = RunReport(started=now(), quick=opts.quick)
     report.environment.update(_describe_host(opts))
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)

@@ -113,14 +113,15 @@ class SandboxService:
         self.tokens = tokens
         self.bounds = CreateBounds(cfg)
         self.expiry = ExpiryScheduler(self._expire)
+        self._provisioning: dict[str, asyncio.Task[None]] = {}
         self.forwarder = EndpointForwarder(
             _bind_host(cfg.server.host), self.connect,
             idle_timeout=cfg.server.endpoint_idle_timeout_seconds,
             max_connections=cfg.server.max_connections_per_sandbox,
+            start_of=self._provisioning.get,
         )
         self._records: dict[str, SandboxRecord] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._provisioning: dict[str, asyncio.Task[None]] = {}
         # Called with a sandbox id once it is gone (e.g. to drop pooled proxy clients).
         self.terminate_hooks: list[Callable[[str], Awaitable[None]]] = []
         self._last_access_renewal: dict[str, float] = {}
