@@ -24,21 +24,30 @@ from sandlot.runtime import execd_client
 STARTED_WAIT = 30.0
 
 
-def default_slots() -> int:
-    """Two starts per CPU the server may use: a start is mostly, not only, CPU work (it also
-    waits on runc, the disk and the server), so one per CPU would leave cores idle.
+def default_slots(per_cpu: int = 2) -> int:
+    """``per_cpu`` starts per CPU the server may use: a start is mostly, not only, CPU work
+    (it also waits on runc, the disk and the server), so one per CPU would leave cores idle.
 
     Measured on the shared 2-core VM (50 concurrent creates, warm pool 10, load average
     15-28 from other work): p50 27.8 s with no gate, 13.4 s with 2 slots, 10.5 s with 4.
+    With execd forked from the zygote a start is mostly waiting (runc, the zygote's
+    launches one after another, execd's first answer), so the oci runtime lets through
+    4 per CPU then (ZYGOTE_SLOTS_PER_CPU, docs/runtime.md).
     """
-    return 2 * max(1, len(os.sched_getaffinity(0)))
+    return per_cpu * max(1, len(os.sched_getaffinity(0)))
+
+
+# Start slots per CPU when execd is forked from the zygote (measured, 24 cold creates at
+# once on the shared 2-core VM, load 9-12: wall 4.5 s with 4 slots, 1.8-2.2 s with 8,
+# 5.6 s with 16, where the zygote's one-at-a-time launches became the queue).
+ZYGOTE_SLOTS_PER_CPU = 4
 
 
 class StartGate:
     """At most ``slots`` starts at once; waiting requests before waiting background work."""
 
-    def __init__(self, slots: int = 0) -> None:
-        self.slots = slots if slots > 0 else default_slots()
+    def __init__(self, slots: int = 0, per_cpu: int = 2) -> None:
+        self.slots = slots if slots > 0 else default_slots(per_cpu)
         self.running = 0
         self._requests: deque[asyncio.Future[None]] = deque()
         self._background: deque[asyncio.Future[None]] = deque()

@@ -199,6 +199,21 @@ class OciRuntime(Runtime):
         self.execd_port = execd_port
         self.binary = OciBinary(binary, flavor_of(binary))
         self.gvisor = self.binary.is_gvisor
+        # execd_launch = "zygote": runc sandboxes with a user namespace get an execd forked
+        # from the zygote (oci/zygote.py); the others start it with runc as before.
+        self.zygote: zygote.ZygoteLauncher | None = None
+        self._waiter = ""
+        if execd_launch == "zygote" and not self.gvisor:
+            missing = zygote.unavailable_reason(bundle)
+            if missing is None:
+                self._waiter = zygote.waiter_binary() or ""
+                self.zygote = zygote.ZygoteLauncher(bundle)
+                if user_namespaces:  # the zygote's sandboxes: starts are mostly waiting
+                    self.starts = StartGate(max_concurrent_starts,
+                                            per_cpu=admission.ZYGOTE_SLOTS_PER_CPU)
+            else:
+                log.warning('[runtime] execd_launch = "zygote" is not possible here (%s): '
+                            "every sandbox starts execd with runc", missing)
         # A policy is enforced in mode "isolated" and trivially met in "none" (nothing
         # leaves the sandbox); in "host" nothing can be enforced: a create carrying one is
         # refused (400, as the reference's Docker host network does).
@@ -240,18 +255,6 @@ class OciRuntime(Runtime):
         self._pool_lock_fd: int | None = None
         self.network = network  # set in mode "isolated"
         self.host_network = host_network  # mode "host": the server's namespace (hostmode)
-        # execd_launch = "zygote": runc sandboxes with a user namespace get an execd forked
-        # from the zygote (oci/zygote.py); the others start it with runc as before.
-        self.zygote: zygote.ZygoteLauncher | None = None
-        self._waiter = ""
-        if execd_launch == "zygote" and not self.gvisor:
-            missing = zygote.unavailable_reason(bundle)
-            if missing is None:
-                self._waiter = zygote.waiter_binary() or ""
-                self.zygote = zygote.ZygoteLauncher(bundle)
-            else:
-                log.warning('[runtime] execd_launch = "zygote" is not possible here (%s): '
-                            "every sandbox starts execd with runc", missing)
 
     @classmethod
     async def open(cls, cfg: Config, images: ImageSource | None = None) -> OciRuntime:
