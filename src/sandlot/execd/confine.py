@@ -16,11 +16,11 @@ Order (``enter_sandbox`` in the first child, ``become_execd`` in the second):
    user namespace (from here on no privilege outside it is left), then mnt, ipc, uts,
    cgroup and pid: the namespaces runc made inside that user namespace;
 3. fork (a process enters a pid namespace only through its children);
-4. the second child: uid/gid 0 of the user namespace, no supplementary groups, the exact
-   capability sets runc gives execd (bounding, permitted, effective; inheritable and
-   ambient empty), no_new_privs, the same seccomp program (libseccomp, from the same
-   OCI object runc compiles), cwd, umask, environment, default signal dispositions, and
-   every descriptor but stdio closed.
+4. the second child: a session of its own (as runc's init), uid/gid 0 of the user
+   namespace, no supplementary groups, the exact capability sets runc gives execd
+   (bounding, permitted, effective; inheritable and ambient empty), no_new_privs, the
+   same seccomp program (libseccomp, from the same OCI object runc compiles), cwd, umask,
+   environment, default signal dispositions, and every descriptor but stdio closed.
 """
 
 from __future__ import annotations
@@ -122,6 +122,12 @@ def enter_sandbox(plan: dict[str, Any], ns_fds: dict[str, int], cgroup_fds: list
 def become_execd(plan: dict[str, Any], seccomp: Any) -> None:
     """Step 4: everything runc does to execd before exec, minus the exec."""
     process = plan["process"]
+    # A session of its own, as runc's init has (it calls setsid): otherwise execd stays in
+    # the server's session and process group, so a signal to that group (Ctrl-C on
+    # ``sandlot serve``, ``kill -- -PGID`` of the job that started it, coreutils timeout)
+    # would end every sandbox's execd, and a server started on a terminal would lend
+    # execd that terminal as its controlling tty.
+    os.setsid()
     user = process.get("user", {})
     uid, gid = int(user.get("uid", 0)), int(user.get("gid", 0))
     os.setgroups([int(g) for g in user.get("additionalGids", [])])
