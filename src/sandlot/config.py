@@ -84,11 +84,11 @@ class RuntimeConfig(_Section):
     snapshot_pools_max: int = Field(default=4, ge=0)
     snapshot_pool_idle_seconds: float = Field(default=600.0, gt=0)
     # oci: container starts (runc + execd start-up) run at once; more creates queue, requests
-    # before warm-pool refills (runtime/admission.py). 0: two per CPU the server may use.
+    # before warm-pool refills (runtime/admission.py). 0: 2 per CPU (4 with the zygote).
     max_concurrent_starts: int = Field(default=0, ge=0)
     # oci + runc, sandboxes with a user namespace: how execd starts. "exec": runc runs a
-    # fresh interpreter as PID 1; "zygote": a pre-imported execd is forked into the
-    # sandbox (docs/runtime.md). Others (runsc, no user namespace) always use "exec".
+    # fresh interpreter as PID 1; "zygote" (default): a pre-imported execd is forked into
+    # the sandbox (docs/runtime.md). Others (runsc, no user namespace) always use "exec".
     execd_launch: Literal["exec", "zygote"] = "zygote"
     # Cap on a sandbox's writable layer when a create names no resourceLimits
     # "ephemeral-storage" (a quantity such as "2Gi"); unset = no cap (docs/volumes.md).
@@ -434,10 +434,11 @@ warm_pool_images = ["base"]
 # snapshot_pool_size = 2
 # snapshot_pools_max = 4
 # snapshot_pool_idle_seconds = 600
-# Container starts at once (more creates queue, before pool refills); 0 = two per CPU.
+# Container starts at once (more creates queue, before pool refills); 0 = 4 per CPU with
+# the execd zygote, else 2.
 # max_concurrent_starts = 0
-# How execd starts under runc with a user namespace: "exec" or "zygote" (docs/runtime.md).
-# execd_launch = "exec"
+# How execd starts under runc with a user namespace: "zygote" or "exec" (docs/runtime.md).
+# execd_launch = "zygote"
 
 # Pausing: "freeze" keeps memory; "hibernate" (gVisor only) checkpoints to disk.
 # pause_mode = "freeze"
