@@ -8,8 +8,7 @@ with every sandbox's execd) and waits on the descriptor named by its argument, a
 ``SOCK_SEQPACKET`` socket to the server. It is single-threaded: forking a threaded
 process is unsafe.
 
-A request is a small JSON header (its ``id``, echoed in the answer: launches overlap, each
-answered when its child has reported) and descriptors, in this order: the plan (a pipe holding
+A request is a small JSON header and descriptors, in this order: the plan (a pipe holding
 the JSON ``{"process": ..., "seccomp": ...}`` of config.json), the token (a pipe holding
 execd's token, becomes its stdin), the container's log (execd's stdout/stderr), a pidfd of
 the container's init process, one descriptor per namespace (``ns`` in the header) and one
@@ -34,7 +33,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from typing import Any, NoReturn
 
 import prctl
@@ -142,125 +140,74 @@ def _execd_child(plan: dict[str, Any], req: Request, report: int) -> NoReturn:
     os._exit(code)
 
 
-class _Launch:
-    """A launch whose child has not finished reporting yet."""
-
-    def __init__(self, req_id: Any, init: int) -> None:
-        self.id = req_id
-        self.init = init  # pidfd of the container's init
-        self.out = b""
-        self.deadline = time.monotonic() + REPORT_TIMEOUT
-
-
 class Zygote:
-    """The serve loop: requests on the control socket, children's reports, reaping.
-
-    Launches overlap: the zygote forks a request's child and goes back to the loop, so a
-    burst's launches are confined side by side instead of one after another (the server
-    sends them as their start slots come).
-    """
+    """The serve loop: requests on the control socket, reaping on SIGCHLD."""
 
     def __init__(self, control: socket.socket) -> None:
         self.control = control
         self.execds: dict[int, int] = {}  # execd's host pid -> pidfd of its container init
-        self.launches: dict[int, _Launch] = {}  # report pipe (read end) -> its launch
-        self.first_children: set[int] = set()  # forked per launch, gone once it reported
-        self.ended: set[int] = set()  # execds reaped before their launch was answered
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.poller = select.poll()
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
 
     def serve(self) -> None:
-        self.poller.register(self.control, select.POLLIN)
-        self.poller.register(self.wake_r, select.POLLIN)
+        poller = select.poll()
+        poller.register(self.control, select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
         while True:
-            for fd, _ in self.poller.poll(self._timeout_ms()):
+            for fd, _ in poller.poll():
                 if fd == self.wake_r:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self.wake_r, 4096)
                     self.reap()
-                elif fd == self.control.fileno():
-                    msg, fds, _flags, _addr = socket.recv_fds(self.control, 65536, MAX_FDS)
-                    if not msg:
-                        return  # the server is gone
-                    self.start(msg, fds)
-                elif fd in self.launches:
-                    self._read_report(fd)
-            now = time.monotonic()
-            for fd, launch in list(self.launches.items()):
-                if launch.deadline <= now:
-                    launch.out += b"\nerror timed out"
-                    self._finish(fd)
+                    continue
+                msg, fds, _flags, _addr = socket.recv_fds(self.control, 65536, MAX_FDS)
+                if not msg:
+                    return  # the server is gone
+                self.control.send(json.dumps(self.launch(msg, fds)).encode())
 
-    def _timeout_ms(self) -> int | None:
-        if not self.launches:
-            return None
-        first = min(x.deadline for x in self.launches.values())
-        return max(0, int((first - time.monotonic()) * 1000) + 1)
-
-    def _answer(self, answer: dict[str, Any]) -> None:
-        self.control.send(json.dumps(answer).encode())
-
-    def start(self, msg: bytes, fds: list[int]) -> None:
-        req_id: Any = None
+    def launch(self, msg: bytes, fds: list[int]) -> dict[str, Any]:
         try:
-            header = json.loads(msg)
-            req_id = header.get("id")
-            req = Request(header, fds)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            req = Request(json.loads(msg), fds)
+        except (ValueError, KeyError, TypeError) as exc:
             for fd in fds:
                 os.close(fd)
-            self._answer({"id": req_id, "error": f"bad request: {exc}"})
-            return
+            return {"error": f"bad request: {exc}"}
         report_r, report_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:
-            # Nothing of the other launches or of the loop: the control socket, the wake-up
-            # pipe, other children's report pipes and other containers' init pidfds.
             self.control.close()
-            for fd in (report_r, self.wake_r, self.wake_w, *self.launches,
-                       *(x.init for x in self.launches.values()), *self.execds.values()):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            for fd in (report_r, self.wake_r, self.wake_w):
+                os.close(fd)
             _first_child(req, report_w)
         os.close(report_w)
-        self.first_children.add(pid)
         init = req.fds["init"]
         req.close(keep=("init",))
-        self.launches[report_r] = _Launch(req_id, init)
-        self.poller.register(report_r, select.POLLIN)
-
-    def _read_report(self, fd: int) -> None:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            chunk = b""
-        if chunk:
-            self.launches[fd].out += chunk
-        else:
-            self._finish(fd)  # every writer is gone: the child reported all it will
-
-    def _finish(self, fd: int) -> None:
-        launch = self.launches.pop(fd)
-        self.poller.unregister(fd)
-        os.close(fd)
-        lines = launch.out.decode(errors="replace").splitlines()
+        lines = self._read_report(report_r).splitlines()
+        os.close(report_r)
         execd = next((int(x.split()[1]) for x in lines if x.startswith("pid ")), None)
         errors = [x.removeprefix("error ") for x in lines if x.startswith("error ")]
-        if execd is not None and execd in self.ended:  # it ended before we got here
-            self.ended.discard(execd)
-            errors.append("execd ended at its start")
         if "ok" in lines and execd is not None and not errors:
-            self.execds[execd] = launch.init
-            self._answer({"id": launch.id, "pid": execd})
-            return
+            self.execds[execd] = init
+            return {"pid": execd}
         if execd is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(execd, signal.SIGKILL)
-        os.close(launch.init)
-        self._answer({"id": launch.id,
-                      "error": "; ".join(errors) or "the execd child ended before it was ready"})
+        os.close(init)
+        return {"error": "; ".join(errors) or "the execd child ended before it was ready"}
+
+    @staticmethod
+    def _read_report(fd: int) -> str:
+        out = b""
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        while True:
+            if not poller.poll(REPORT_TIMEOUT * 1000):
+                return out.decode(errors="replace") + "\nerror timed out"
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return out.decode(errors="replace")
+            out += chunk
 
     def reap(self) -> None:
         while True:
@@ -275,12 +222,6 @@ class Zygote:
                 with contextlib.suppress(OSError):
                     signal.pidfd_send_signal(init, signal.SIGKILL)
                 os.close(init)
-            elif pid in self.first_children:
-                self.first_children.discard(pid)
-            elif self.launches:  # an execd whose launch is not answered yet
-                self.ended.add(pid)
-                if len(self.ended) > 1024:  # of failed launches, which nobody asks for
-                    self.ended.clear()
 
 
 def main(argv: list[str]) -> int:

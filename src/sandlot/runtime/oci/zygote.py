@@ -143,31 +143,14 @@ def stop_if_half_started(runc_root: Path, container_id: str, config_json: Path) 
     return True
 
 
-async def _send(sock: socket.socket, msg: bytes, fds: list[int]) -> None:
-    """One request; waits (briefly) while the socket's buffer is full of earlier ones."""
-    for _ in range(500):
-        try:
-            socket.send_fds(sock, [msg], fds)
-            return
-        except BlockingIOError:
-            await asyncio.sleep(0.01)
-    raise TimeoutError("the zygote takes no requests")
-
-
 class ZygoteLauncher:
-    """One zygote process per runtime. Launches overlap: each request carries an id and is
-    answered when its child has reported, so a burst's launches do not queue behind each
-    other (measured: one at a time, the zygote's launch was the longest step of a cold
-    start in a burst)."""
+    """One zygote process per runtime; launches are sent one at a time."""
 
     def __init__(self, bundle: ExecdBundle) -> None:
         self.bundle = bundle
         self._proc: asyncio.subprocess.Process | None = None
         self._sock: socket.socket | None = None
-        self._reader: asyncio.Task[None] | None = None
-        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}  # this zygote's
-        self._lock = asyncio.Lock()  # starts and stops
-        self._next_id = 0
+        self._lock = asyncio.Lock()
         self.starts = 0  # how many zygotes were started (restarts included)
 
     @property
@@ -192,84 +175,61 @@ class ZygoteLauncher:
             theirs.close()
         ours.setblocking(False)
         self._sock = ours
-        self._waiting = {}
-        self._reader = asyncio.get_running_loop().create_task(
-            self._read_answers(ours, self._waiting))
         self.starts += 1
         log.info("execd zygote started (pid %s) from %s", self._proc.pid, m)
-
-    async def _read_answers(self, sock: socket.socket,
-                            waiting: dict[int, asyncio.Future[dict[str, Any]]]) -> None:
-        """Hand each answer to its launch; at the end of the socket fail those still open."""
-        loop = asyncio.get_running_loop()
-        why: Exception = EOFError("the zygote closed its socket")
-        try:
-            while reply := await loop.sock_recv(sock, 65536):
-                answer = json.loads(reply)
-                fut = waiting.get(answer.get("id"))
-                if fut is not None and not fut.done():  # else: its launch was cancelled
-                    fut.set_result(answer)
-        except (OSError, ValueError, AttributeError) as exc:
-            why = exc
-        finally:
-            for fut in waiting.values():
-                if not fut.done():
-                    fut.set_exception(why)
-
-    async def _current(self) -> tuple[socket.socket, dict[int, asyncio.Future[dict[str, Any]]],
-                                      int]:
-        """The running zygote's socket and waiting launches (started if needed)."""
-        async with self._lock:
-            if self.pid is None or self._sock is None:
-                await self._stop()
-                await self._start()
-            assert self._sock is not None
-            return self._sock, self._waiting, self.starts
 
     async def launch(self, init_pid: int, container_id: str, plan: dict[str, Any], token: str,
                      stdio: Path) -> int:
         """Start execd inside ``container_id``; its host pid. One retry on a fresh zygote."""
-        for attempt in (1, 2):
-            sock, waiting, generation = await self._current()
-            header, fds = await asyncio.to_thread(open_launch_fds, init_pid, container_id,
-                                                  plan, token, stdio)
-            self._next_id += 1
-            rid = header["id"] = self._next_id
-            fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-            waiting[rid] = fut
-            try:
+        async with self._lock:
+            for attempt in (1, 2):
+                if self.pid is None or self._sock is None:
+                    await self._stop()
+                    await self._start()
+                header, fds = await asyncio.to_thread(open_launch_fds, init_pid, container_id,
+                                                      plan, token, stdio)
                 try:
-                    await _send(sock, json.dumps(header).encode(), fds)
+                    answer = await asyncio.wait_for(self._ask(header, fds), LAUNCH_TIMEOUT)
+                except (OSError, EOFError, TimeoutError) as exc:
+                    log.warning("execd zygote failed (%s); restarting it", exc)
+                    await self._stop()
+                    if attempt == 2:
+                        raise RuntimeFailure(f"the execd zygote failed: {exc}") from exc
+                    continue
+                except BaseException:
+                    # Cancelled mid-launch: its answer would be read as the next launch's.
+                    self._abandon()
+                    raise
                 finally:
                     for fd in fds:
                         os.close(fd)
-                answer = await asyncio.wait_for(fut, LAUNCH_TIMEOUT)
-            except (OSError, EOFError, TimeoutError) as exc:
-                log.warning("execd zygote failed (%s); restarting it", exc)
-                await self._restart(generation)
-                if attempt == 2:
-                    raise RuntimeFailure(f"the execd zygote failed: {exc}") from exc
-                continue
-            finally:
-                waiting.pop(rid, None)
-            if "pid" in answer:
-                return int(answer["pid"])
-            raise RuntimeFailure(f"cannot start execd in {container_id}: "
-                                 f"{answer.get('error', answer)}")
+                if "pid" in answer:
+                    return int(answer["pid"])
+                raise RuntimeFailure(f"cannot start execd in {container_id}: "
+                                     f"{answer.get('error', answer)}")
         raise AssertionError("unreachable")
 
-    async def _restart(self, generation: int) -> None:
-        """Stop the zygote that failed (a later one, started meanwhile, is left alone)."""
-        async with self._lock:
-            if self.starts == generation:
-                await self._stop()
+    async def _ask(self, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        sock = self._sock
+        assert sock is not None
+        loop = asyncio.get_running_loop()
+        socket.send_fds(sock, [json.dumps(header).encode()], fds)
+        reply = await loop.sock_recv(sock, 65536)
+        if not reply:
+            raise EOFError("the zygote closed its socket")
+        answer: dict[str, Any] = json.loads(reply)
+        return answer
+
+    def _abandon(self) -> None:
+        """Kill the zygote now; ``_stop`` (at the next launch or close) reaps it."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGKILL)
 
     async def _stop(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()  # its finally fails the launches still waiting
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-            self._reader = None
         if self._sock is not None:
             self._sock.close()  # the zygote exits at the end of its socket
             self._sock = None
