@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from sandlot.config import Config
-from sandlot.runtime.admission import StartGate, default_slots
+from sandlot.runtime.admission import ZYGOTE_SLOTS_PER_CPU, StartGate, default_slots
 
 
 async def _hold(gate: StartGate, order: list[str], name: str, release: asyncio.Event,
@@ -99,6 +100,12 @@ async def test_an_exception_in_the_body_frees_the_slot() -> None:
 
 def test_zero_means_two_slots_per_cpu() -> None:
     assert StartGate(0).slots == default_slots() >= 1
+
+
+def test_zero_means_four_per_cpu_for_zygote_starts_and_a_setting_wins() -> None:
+    cpus = len(os.sched_getaffinity(0))
+    assert StartGate(0, per_cpu=ZYGOTE_SLOTS_PER_CPU).slots == 4 * cpus == 2 * default_slots()
+    assert StartGate(3, per_cpu=ZYGOTE_SLOTS_PER_CPU).slots == 3
     assert StartGate(3).slots == 3
 
 
