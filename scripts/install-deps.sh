@@ -18,8 +18,19 @@ APT_PACKAGES=(runc runsc skopeo umoci debootstrap docker-registry nftables iprou
 # SANDLOT_WITH_DOCKER=0 leaves it out.
 if [ "${SANDLOT_WITH_DOCKER:-1}" = 1 ]; then APT_PACKAGES+=(docker.io); fi
 
+# runsc: on Debian bookworm the gVisor of bookworm-backports (2024) replaces bookworm's own (2022),
+# whose checkpoint always compresses (hibernating 256 MiB takes seconds; docs/runtime.md). Other
+# distributions keep their own runsc from the list above.
+RUNSC_BACKPORTS_MIN=0.0~20240729
+on_bookworm=$( (. /etc/os-release 2>/dev/null
+                 [ "${ID:-}" = debian ] && [ "${VERSION_CODENAME:-}" = bookworm ]) && echo 1 || echo 0)
+if [ "$on_bookworm" = 1 ]; then
+  APT_PACKAGES=("${APT_PACKAGES[@]/#%runsc/}")  # installed below, from bookworm-backports
+fi
+
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
+  [ -n "$p" ] || continue
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -37,6 +48,27 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" \
     >/dev/null || { [ $own_policy = 1 ] && rm -f "$policy"; exit 1; }
   if [ $own_policy = 1 ]; then rm -f "$policy"; fi
+fi
+
+runsc_version=$(dpkg-query -W -f='${Version}' runsc 2>/dev/null || true)
+if [ $on_bookworm = 1 ] && ! dpkg --compare-versions "${runsc_version:-0}" ge "$RUNSC_BACKPORTS_MIN"
+then
+  if [ "$(id -u)" != 0 ]; then echo "need root to install runsc from bookworm-backports" >&2; exit 1; fi
+  echo "apt-get install -t bookworm-backports runsc (installed: ${runsc_version:-none})"
+  export DEBIAN_FRONTEND=noninteractive
+  if ! grep -rqs --include='*.list' --include='*.sources' --include=sources.list \
+       -E '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    cat > /etc/apt/sources.list.d/bookworm-backports.sources <<'SOURCES'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SOURCES
+  fi
+  apt-get -o DPkg::Lock::Timeout=600 update -qq
+  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+    -t bookworm-backports runsc >/dev/null
 fi
 
 PYTHON=${PYTHON:-python3}
