@@ -73,17 +73,21 @@ class Runc:
         if not res.ok:
             raise RuncError(f"{self.binary} run failed: {last_error(log) or stdio_tail(stdio)}")
 
-    async def checkpoint(self, container_id: str, image_dir: Path, log: Path) -> None:
+    async def checkpoint(
+        self, container_id: str, image_dir: Path, log: Path, flags: Sequence[str] = ()
+    ) -> None:
         """runsc: save the container's processes and memory to ``image_dir``; it stops."""
-        await self._run("checkpoint", "--image-path", str(image_dir), container_id, log=log)
+        await self._run("checkpoint", *flags, "--image-path", str(image_dir), container_id,
+                        log=log)
 
     async def restore(
-        self, container_id: str, bundle: Path, image_dir: Path, stdio: Path, log: Path
+        self, container_id: str, bundle: Path, image_dir: Path, stdio: Path, log: Path,
+        flags: Sequence[str] = (),
     ) -> None:
         """runsc: start ``container_id`` again from a checkpoint, detached like ``run``."""
         with open(stdio, "ab") as out:
             res = await run_tool(
-                self._starter([*self._pre(log), "restore", "--detach", "--image-path",
+                self._starter([*self._pre(log), "restore", "--detach", *flags, "--image-path",
                                str(image_dir), "--bundle", str(bundle), container_id]),
                 output=out,
             )

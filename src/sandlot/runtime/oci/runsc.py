@@ -21,6 +21,10 @@ it, like any port, through the access namespace.
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from sandlot.errors import RuntimeFailure
@@ -56,6 +60,70 @@ def global_args(platform: str) -> list[str]:
     # workload): with it execd cannot prepare a hibernation (tests/runtime/test_gvisor.py).
     # The calls it would refuse reach gVisor's kernel, not the host's (docs/security.md).
     return [f"--platform={platform}", "--network=sandbox"]
+
+
+@dataclass(frozen=True)
+class SaveOptions:
+    """The fastest ``checkpoint``/``restore`` flags of one runsc build.
+
+    gVisor since 2023 can write the memory uncompressed into a pages file of its own
+    (``--compression=none``) with ``O_DIRECT`` (``--direct``: no copy of the image left in
+    the host's page cache) and read it back the same way; Debian bookworm's 2022 build knows
+    neither and always compresses (seconds for 256 MiB). ``version`` is the build's
+    ``runsc --version``: its images are readable by that build only.
+    """
+
+    version: str
+    checkpoint: tuple[str, ...] = ()
+    restore: tuple[str, ...] = ()
+
+
+_FLAG = re.compile(r"^\s+-([\w-]+)", re.MULTILINE)
+_help_cache: dict[tuple[str, int], tuple[str, frozenset[str], frozenset[str]]] = {}
+
+
+async def _flags_of(binary: str) -> tuple[str, frozenset[str], frozenset[str]]:
+    """(version, checkpoint flags, restore flags), read once per binary file."""
+    try:
+        key = (binary, os.stat(binary).st_mtime_ns)  # a package upgrade replaces the file
+    except OSError:
+        key = (binary, 0)
+    if key not in _help_cache:
+        version = await run_tool([binary, "--version"])
+        ckpt = await run_tool([binary, "help", "checkpoint"])
+        rest = await run_tool([binary, "help", "restore"])
+        lines = version.stdout.decode(errors="replace").splitlines()
+        _help_cache[key] = (lines[0].strip() if lines else "",
+                            frozenset(_FLAG.findall(ckpt.stdout.decode(errors="replace"))),
+                            frozenset(_FLAG.findall(rest.stdout.decode(errors="replace"))))
+    return _help_cache[key]
+
+
+def direct_io_works(directory: Path) -> bool:
+    """Whether files in ``directory`` open with ``O_DIRECT`` (tmpfs before Linux 6.6 refuses)."""
+    probe = directory / ".direct-probe"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return False
+        raise
+    os.close(fd)
+    probe.unlink(missing_ok=True)
+    return True
+
+
+async def save_options(binary: str, image_dir: Path) -> SaveOptions:
+    """What to pass ``binary``'s checkpoint and restore for an image in ``image_dir``."""
+    version, ckpt, rest = await _flags_of(binary)
+    direct = ("direct" in ckpt or "direct" in rest) and direct_io_works(image_dir)
+    checkpoint: list[str] = []
+    if "compression" in ckpt:
+        checkpoint.append("--compression=none")
+    if direct and "direct" in ckpt:
+        checkpoint.append("--direct")
+    restore = ["--direct"] if direct and "direct" in rest else []
+    return SaveOptions(version, tuple(checkpoint), tuple(restore))
 
 
 def with_netns_check_hidden(argv: list[str]) -> list[str]:

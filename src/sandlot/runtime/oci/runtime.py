@@ -717,14 +717,15 @@ class OciRuntime(Runtime):
         st = await self.runc.state(self.container_id(sandbox_id))
         state = (_STATES.get(st.get("status", ""), ContainerState.STOPPED) if st is not None
                  else ContainerState.MISSING)
-        # checkpointed: its stopped container may still be there (hibernate deletes it
-        # after answering)
-        if (state in (ContainerState.MISSING, ContainerState.STOPPED) and self.gvisor
-                and hibernate.is_hibernated(self.paths(sandbox_id))):
+        pid = st.get("pid") or None if st is not None else None
+        # checkpointed: its container may still be there (hibernate deletes it after
+        # answering)
+        if self.gvisor and hibernate.is_hibernated_state(
+                self.paths(sandbox_id),
+                state in (ContainerState.MISSING, ContainerState.STOPPED), pid):
             return ContainerInfo(sandbox_id, ContainerState.PAUSED, reason=hibernate.REASON)
         if st is None:
             return ContainerInfo(sandbox_id, ContainerState.MISSING)
-        pid = st.get("pid") or None
         return ContainerInfo(sandbox_id, state, pid=pid if state != ContainerState.STOPPED
                              else None)
 
@@ -739,7 +740,7 @@ class OciRuntime(Runtime):
             self._require_running(info)
             cid = self.container_id(sandbox_id)
             if self.pause_modes.recorded(self.paths(sandbox_id)) == "hibernate":
-                await hibernate.hibernate(self.runc, cid, self.paths(sandbox_id))
+                await hibernate.hibernate(self.runc, cid, self.paths(sandbox_id), info.pid)
                 return
             await self.runc.pause(cid)
 
