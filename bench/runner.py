@@ -32,7 +32,8 @@ from bench.server import (
 # Benchmarks that need longer than one bench's bound: density's many sandboxes, network's four
 # servers of its own, kubernetes' image loading into the node and its two servers (cold, then
 # warm Pods).
-_SLOW = {"density": 2.5, "network": 2.0, "kubernetes": 6.0, "execd_launch": 3.0}
+_SLOW = {"density": 2.5, "network": 2.0, "kubernetes": 6.0, "execd_launch": 3.0,
+         "gvisor": 2.0}
 
 
 @dataclass

@@ -59,7 +59,11 @@ def global_args(platform: str) -> list[str]:
     # Not --oci-seccomp (the sentry would apply config.json's seccomp profile to the
     # workload): with it execd cannot prepare a hibernation (tests/runtime/test_gvisor.py).
     # The calls it would refuse reach gVisor's kernel, not the host's (docs/security.md).
-    return [f"--platform={platform}", "--network=sandbox"]
+    # --overlay2=none: the sandbox writes its rootfs through to the host's overlay (its upper
+    # dir), as under runc: snapshots copy it and the disk limit counts it. gVisor >= 2023
+    # otherwise keeps the writes in an overlay of its own (``root:self``: a filestore file
+    # the host cannot read as files); Debian bookworm's 2022 build has no overlay by default.
+    return [f"--platform={platform}", "--network=sandbox", "--overlay2=none"]
 
 
 @dataclass(frozen=True)
