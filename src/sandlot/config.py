@@ -70,8 +70,9 @@ class RuntimeConfig(_Section):
     # "hibernate" (runsc only) checkpoints processes and memory to disk and frees them.
     # A create may choose per sandbox with extensions["sandlot.pause.mode"].
     pause_mode: Literal["freeze", "hibernate"] = "freeze"
-    # gVisor platform: "ptrace" works everywhere; "kvm" needs a usable /dev/kvm.
-    runsc_platform: Literal["ptrace", "kvm"] = "ptrace"
+    # gVisor platform: "auto" is systrap where the runsc build has it (gVisor >= 2023), else
+    # ptrace; "ptrace" works everywhere; "kvm" needs a usable /dev/kvm.
+    runsc_platform: Literal["auto", "systrap", "ptrace", "kvm"] = "auto"
     pids_limit: int = 4096
     # Warm pool (oci): this many pre-started sandboxes per listed image, claimed by create.
     warm_pool_size: int = 2

@@ -39,8 +39,9 @@ ACCESS_LINK = "gva"
 ACCESS_SUFFIX = "-a"
 
 
-# Host threads of an idle sandbox (sentry, gofer, ptrace stubs) and per guest process,
-# measured with the ptrace platform: ~80 and ~9.
+# Host threads of an idle sandbox (sentry, gofer, platform stubs) and per guest process,
+# measured with the ptrace platform: ~80 and ~9 (systrap: ~27 and ~3; the limit then lets
+# more guest processes through, and still stops a fork bomb).
 PIDS_BASE = 256
 PIDS_PER_PROCESS = 10
 
@@ -57,7 +58,8 @@ def host_pids_limit(guest_limit: int) -> int:
 
 def global_args(platform: str) -> list[str]:
     # Not --oci-seccomp (the sentry would apply config.json's seccomp profile to the
-    # workload): with it execd cannot prepare a hibernation (tests/runtime/test_gvisor.py).
+    # workload): with it execd cannot prepare a hibernation (it never answers the quiesce
+    # signal; so on Debian's 2022 runsc and on the 2024 one of bookworm-backports).
     # The calls it would refuse reach gVisor's kernel, not the host's (docs/security.md).
     # --overlay2=none: the sandbox writes its rootfs through to the host's overlay (its upper
     # dir), as under runc: snapshots copy it and the disk limit counts it. gVisor >= 2023
@@ -128,6 +130,20 @@ async def save_options(binary: str, image_dir: Path) -> SaveOptions:
         checkpoint.append("--direct")
     restore = ["--direct"] if direct and "direct" in rest else []
     return SaveOptions(version, tuple(checkpoint), tuple(restore))
+
+
+async def resolve_platform(binary: str, wanted: str) -> str:
+    """``[runtime] runsc_platform`` for ``binary``: "auto" is systrap when it has it (faster
+    than ptrace at everything, a restore from hibernation ~2x), else ptrace; a named platform
+    the build lacks is refused rather than left to fail at the first start."""
+    res = await run_tool([binary, "help", "platforms"])
+    known = set(res.stdout.decode(errors="replace").split())
+    if wanted == "auto":
+        return "systrap" if "systrap" in known else "ptrace"
+    if known and wanted not in known:
+        raise RuntimeFailure(f"[runtime] runsc_platform = {wanted!r}: {binary} offers only "
+                             f"{', '.join(sorted(known))}")
+    return wanted
 
 
 def with_netns_check_hidden(argv: list[str]) -> list[str]:

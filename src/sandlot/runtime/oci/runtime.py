@@ -295,13 +295,17 @@ class OciRuntime(Runtime):
         default_disk = (cfg.runtime.default_resources.get("ephemeral-storage")
                         or cfg.runtime.default_ephemeral_storage)
         userns = await asyncio.to_thread(_user_namespaces_wanted, cfg, binary.path)
+        platform = ""
+        if binary.is_gvisor:
+            platform = await runsc.resolve_platform(binary.path, cfg.runtime.runsc_platform)
+            log.info("gVisor platform: %s", platform)
         rt = cls(data_dir, binary.path, bundle, cfg.runtime.pids_limit,
                  cfg.runtime.warm_pool_size, cfg.runtime.warm_pool_images,
                  images=images, execd_port=cfg.execd.port,
                  network=network, host_network=cfg.network.mode == "host",
                  allowed_host_paths=cfg.storage.allowed_host_paths,
                  default_disk_bytes=parse_ephemeral_storage(default_disk) if default_disk else None,
-                 runsc_platform=cfg.runtime.runsc_platform, pause_mode=cfg.runtime.pause_mode,
+                 runsc_platform=platform, pause_mode=cfg.runtime.pause_mode,
                  user_namespaces=userns,
                  max_concurrent_starts=cfg.runtime.max_concurrent_starts,
                  execd_launch=cfg.runtime.execd_launch,
