@@ -3,7 +3,8 @@
 the host memory of its container before and after, beside raw ``runsc checkpoint`` /
 ``runsc restore`` of a container holding the same (with the flags sandlot passes).
 
-Runs its own ``sandlot serve`` with ``[secure_runtime] type = "gvisor"`` (warm pool of 2).
+Runs its own ``sandlot serve`` with ``[secure_runtime] type = "gvisor"`` (warm pool of 2); the
+raw baselines use the gVisor platform that server chose.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ class RunscBaseline(RuncBaseline):
     stack with no interface: ``--network=none``)."""
 
     _FLAGS = {"-d": "--detach", "-f": "--force"}  # runsc takes only the long forms
+    platform = "ptrace"  # set to the server's (``runsc.resolve_platform``) before use
 
     def _runc(self, *args: str) -> list[str]:
         return [self.binary, "--root", str(self.state), "--network=none",
-                *(self._FLAGS.get(a, a) for a in args)]
+                f"--platform={self.platform}", *(self._FLAGS.get(a, a) for a in args)]
 
     def hold_256(self, cid: str) -> None:
         """A process in ``cid`` that holds 256 MiB (every page touched), like the sandboxes'."""
@@ -127,6 +129,8 @@ async def run(env: BenchEnv) -> list[Row]:
             await sandboxes.delete(sandbox)
 
         raw = RunscBaseline(env.rootfs(), env.workdir / "runsc", binary="runsc", prefix="gvb")
+        # the platform the server runs (its default "auto"), so both sides compare alike
+        raw.platform = await runsc.resolve_platform(raw.binary, "auto")
         raw.prepare()
         raw_run, raw_exec = [], []
         for _ in range(runs):
@@ -205,7 +209,7 @@ async def _hibernation_rows(env: BenchEnv, server: SandlotServer, sandboxes: San
     return [Row("gvisor.hibernate", BENCH, "hibernate, 256 MiB held (API pause)", "ms",
                 Measured("sandlot", ms(hib)), target=HIBERNATE_TARGET,
                 baselines=[Measured("runsc checkpoint", ms(raw_ckpt))],
-                note=f"{mem}; checkpoint {how}; {flags.version}"),
+                note=f"{mem}; checkpoint {how}; {flags.version}, platform {raw.platform}"),
             Row("gvisor.resume", BENCH, "resume from hibernation (API resume)", "ms",
                 Measured("sandlot", ms(res)), target=HIBERNATE_TARGET,
                 baselines=[Measured("runsc restore", ms(raw_restore))],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,10 +14,10 @@ import httpx
 import pytest
 
 from sandlot.config import Config
-from sandlot.errors import Conflict
+from sandlot.errors import Conflict, RuntimeFailure
 from sandlot.images.model import Image
 from sandlot.runtime.base import ContainerState
-from sandlot.runtime.oci import OciRuntime, runsc
+from sandlot.runtime.oci import OciRuntime, hibernate, runsc
 from sandlot.runtime.oci.layout import netns_name
 from tests.runtime.helpers import (
     TEST_IMAGES,
@@ -94,6 +95,10 @@ async def test_gvisor_sandbox_isolation_and_cleanup(gvisor: OciRuntime, rt_image
     code, out = await sh(gvisor, sid, "uname -r; dmesg | head -1; hostname")
     assert code == 0 and out.splitlines()[0] == "4.4.0" and "gVisor" in out
     assert out.splitlines()[-1] == sid
+    # writes reach the host's overlay (snapshots copy it): no gVisor overlay of its own
+    code, _ = await sh(gvisor, sid, "echo kept > /workspace/written-inside")
+    assert code == 0
+    assert (gvisor.paths(sid).upper / "workspace" / "written-inside").read_text() == "kept\n"
     # no host processes or files: only the sandbox's own processes; the host's root is absent
     code, out = await sh(gvisor, sid, f"ls -d /proc/[0-9]* 2>/dev/null | wc -l; "
                                       f"test -e {gvisor.data_dir} && echo host-visible")
@@ -144,6 +149,26 @@ async def test_gvisor_freeze_and_refused_hibernation(gvisor: OciRuntime, rt_imag
     assert code == 0 and out == "alive\n"
 
 
+async def test_save_options_follow_the_installed_runsc(tmp_path: Path) -> None:
+    """Hibernation passes the fastest flags the installed runsc lists, and only those."""
+    binary = shutil.which("runsc")
+    if binary is None:
+        pytest.skip("runsc is not installed")
+    options = await runsc.save_options(binary, tmp_path)
+    listed = subprocess.run([binary, "help", "checkpoint"], capture_output=True, text=True,
+                            check=True).stdout
+    assert ("--compression=none" in options.checkpoint) == ("-compression" in listed)
+    assert ("--direct" in options.checkpoint) == (
+        "-direct" in listed and runsc.direct_io_works(tmp_path))
+    assert options.version.startswith("runsc version ")
+    platform = await runsc.resolve_platform(binary, "auto")
+    platforms = subprocess.run([binary, "help", "platforms"], capture_output=True, text=True,
+                               check=True).stdout.split()
+    assert platform == ("systrap" if "systrap" in platforms else "ptrace")
+    with pytest.raises(RuntimeFailure, match="offers only"):
+        await runsc.resolve_platform(binary, "no-such-platform")
+
+
 async def test_gvisor_pids_limit_holds(gvisor: OciRuntime, rt_image: Image) -> None:
     """A fork bomb meets the host pids limit of the sandbox's cgroup (gVisor's threads are
     what the host counts): it never gets its 300 processes, and the host is unaffected."""
@@ -184,8 +209,16 @@ async def test_gvisor_warm_claim_hibernates_with_its_limits(
         code, before = await sh(rt, sid, "pgrep -x sleep")
         assert code == 0
         await rt.pause(sid)
-        info = await rt.inspect(sid)
+        info = await rt.inspect(sid)  # at once: gVisor 2024's sentry may still be exiting
         assert info.state == ContainerState.PAUSED and info.reason == "hibernated"
+        # an image another runsc build wrote is refused with the reason, and kept
+        written_by = rt.paths(sid).root / "hibernate" / hibernate.VERSION_FILE
+        version = written_by.read_text()
+        written_by.write_text("runsc version 0.0~19991231.0\n")
+        with pytest.raises(Conflict, match="hibernated by 'runsc version 0.0~19991231.0'"):
+            await rt.resume(sid)
+        assert (await rt.inspect(sid)).reason == "hibernated"
+        written_by.write_text(version)
         await rt.resume(sid)
         assert (await rt.inspect(sid)).state == ContainerState.RUNNING
         code, after = await sh(rt, sid, "pgrep -x sleep")
