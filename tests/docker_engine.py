@@ -114,7 +114,10 @@ class PrivateDockerd:
         if runsc is None:
             return []
         wrapper = self.workdir / "runsc-docker"
-        wrapper.write_text(f'#!/bin/sh\nexec {runsc} --platform=ptrace --network=host "$@"\n')
+        # --overlay2=none: writes reach the engine's own layer (docker commit, snapshots), not
+        # an overlay inside gVisor (gVisor >= 2023's default).
+        wrapper.write_text(f'#!/bin/sh\nexec {runsc} --platform=ptrace --network=host '
+                           '--overlay2=none "$@"\n')
         wrapper.chmod(0o755)
         return ["--add-runtime", f"{GVISOR_RUNTIME}={wrapper}"]
 
