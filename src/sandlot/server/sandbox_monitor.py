@@ -18,6 +18,10 @@ from sandlot.runtime.base import ContainerState, ResourceUsage
 from sandlot.server.event_recorder import WARNING, EventRecorder
 from sandlot.server.models import SandboxState
 
+# After an OOM kill, how long the monitor watches for the whole container having gone.
+ALIVE_CHECKS = 20
+ALIVE_CHECK_INTERVAL = 0.5
+
 if TYPE_CHECKING:
     from sandlot.server.service import SandboxService
 
@@ -77,23 +81,27 @@ class SandboxMonitor:
                 f"The kernel killed {usage.oom_kills - seen} process(es) in the sandbox for "
                 f"exceeding its memory limit ({limit}; OOM kills so far: {usage.oom_kills})",
                 WARNING)
-            await self._check_alive(sandbox_id)
+            task = asyncio.get_running_loop().create_task(self._check_alive(sandbox_id))
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
         return found
 
     async def _check_alive(self, sandbox_id: str) -> None:
         """After an OOM kill: did it take the whole container (e.g. gVisor's sentry, one host
-        process)? Backends that do not watch their containers report it only this way."""
-        try:
-            info = await self.service.runtime.inspect(sandbox_id)
-        except Exception:  # noqa: BLE001 - gone meanwhile
-            return
-        if info.state in (ContainerState.STOPPED, ContainerState.MISSING):
-            if info.reason is None:
-                info.reason = "OOMKilled"
-            task = asyncio.get_running_loop().create_task(
-                self.service.container_changed(sandbox_id, info))
-            self._reports.add(task)
-            task.add_done_callback(self._reports.discard)
+        process)? Backends that do not watch their containers report it only this way.
+        Asked again for a while: gVisor 2024's runsc reports a killed sentry running until
+        it has finished exiting (1-2 s, more on a loaded host)."""
+        for _ in range(ALIVE_CHECKS):
+            try:
+                info = await self.service.runtime.inspect(sandbox_id)
+            except Exception:  # noqa: BLE001 - gone meanwhile
+                return
+            if info.state in (ContainerState.STOPPED, ContainerState.MISSING):
+                if info.reason is None:
+                    info.reason = "OOMKilled"
+                await self.service.container_changed(sandbox_id, info)
+                return
+            await asyncio.sleep(ALIVE_CHECK_INTERVAL)
 
     def take_baseline(self, sandbox_id: str) -> None:
         """The next sample's OOM-kill count is old news (e.g. after a server restart)."""
@@ -112,6 +120,10 @@ class SandboxMonitor:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for task in list(self._reports):  # e.g. an after-OOM watch still asking
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def _run(self) -> None:
         last_purge = 0.0
