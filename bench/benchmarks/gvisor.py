@@ -177,7 +177,7 @@ async def _hibernation_rows(env: BenchEnv, server: SandlotServer, sandboxes: San
     try:
         manager = await SandboxManager.create(connection_config=sandboxes.config())
         try:
-            for _ in range(3 if env.quick else 10):
+            for _ in range(2 if env.quick else 10):
                 sandbox, _ = await sandboxes.create(
                     extensions={"sandlot.pause.mode": "hibernate"},
                     resource={"cpu": "1", "memory": "1Gi"})
