@@ -144,6 +144,13 @@ async def _delete_state(runc: Runc, container_id: str) -> None:
              (time.perf_counter() - t0) * 1e3)
 
 
+def settling(container_id: str) -> bool:
+    """Whether the deferred ``runsc delete`` of a just-hibernated container still runs (it
+    holds the container's lock: a ``runsc state`` then waits for it, 1-2 s)."""
+    task = _deleting.get(container_id)
+    return task is not None and not task.done()
+
+
 async def settle(container_id: str) -> None:
     """Wait for the deferred ``runsc delete`` of a just-hibernated container, if any."""
     task = _deleting.pop(container_id, None)

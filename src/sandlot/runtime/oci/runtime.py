@@ -718,7 +718,12 @@ class OciRuntime(Runtime):
 
     async def inspect(self, sandbox_id: str) -> ContainerInfo:
         _check_id(sandbox_id)
-        st = await self.runc.state(self.container_id(sandbox_id))
+        cid = self.container_id(sandbox_id)
+        if self.gvisor and hibernate.settling(cid) and hibernate.is_hibernated(
+                self.paths(sandbox_id)):
+            # Just hibernated: ``runsc state`` would wait out the deferred delete's lock.
+            return ContainerInfo(sandbox_id, ContainerState.PAUSED, reason=hibernate.REASON)
+        st = await self.runc.state(cid)
         state = (_STATES.get(st.get("status", ""), ContainerState.STOPPED) if st is not None
                  else ContainerState.MISSING)
         pid = st.get("pid") or None if st is not None else None
