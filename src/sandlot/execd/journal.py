@@ -100,7 +100,7 @@ class EventJournal:
         """Bytes written that the slowest connected follower has not consumed yet (0 with
         none). Past ``backpressure_bytes`` the producer stops reading the command's pipes
         until followers catch up, so a slow client slows the command instead of losing the
-        oldest output to the cap (the reference's execd likewise blocks on its client)."""
+        oldest output to the cap (the reference keeps uncapped output files instead)."""
         if not self._followers:
             return 0
         return self.size - min(self._followers.values())
