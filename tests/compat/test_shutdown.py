@@ -32,8 +32,12 @@ def _processes_in(container_ids: list[str]) -> list[int]:
 
 
 def test_sigterm_removes_the_warm_pool(fresh_server: SandlotServer) -> None:
+    # A warm container's folder appears before its process starts: wait for both.
     deadline = time.monotonic() + 120
-    while len(_pool_dirs(fresh_server)) < 2 and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        pooled = _pool_dirs(fresh_server)
+        if len(pooled) >= 2 and _processes_in([p.name for p in pooled]):
+            break
         time.sleep(0.2)
     pooled = _pool_dirs(fresh_server)
     assert len(pooled) >= 2, "the server did not prewarm its pool"
