@@ -18,6 +18,7 @@ from bench.profiling import Profiler
 from bench.rootfs import Rootfs, RootfsUnavailable
 from bench.sdk import Sandboxes
 from bench.server import SandlotServer
+from sandlot.runtime.oci import cgroups
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class BenchEnv:
     _rootfs: Rootfs | None = None
     _runc: RuncBaseline | None = None
     _runc_error: str | None = None
+    _runc_shared: RuncBaseline | None = None
     _docker: DockerBaseline | None = None
     _docker_error: str | None = None
 
@@ -150,6 +152,19 @@ class BenchEnv:
             self.note(self._runc_error)
         return self._runc
 
+    def runc_in_sandlot_parent(self) -> RuncBaseline | None:
+        """Raw runc again, each container in sandlot's cgroup parent (``/sandlot/<id>``, a
+        claimed sandbox's CPU shares): under a loaded host all sandboxes together get one
+        parent's share of the CPU, which a default runc container (a cgroup of its own at the
+        top) does not share. On a quiet host both baselines are the same."""
+        if self._runc_shared is None and self.runc() is not None:
+            baseline = RuncBaseline(self.rootfs(), self.workdir / "runc-sandlot-parent",
+                                    prefix=f"bench-{self.sandboxes.run_id}-p",
+                                    cgroup_parent=cgroups.PARENT)
+            baseline.prepare()
+            self._runc_shared = baseline
+        return self._runc_shared
+
     def docker(self) -> DockerBaseline | None:
         """A private dockerd with the same rootfs imported (None, with a note, otherwise)."""
         if self._docker is not None or self._docker_error is not None:
@@ -177,6 +192,8 @@ class BenchEnv:
     def close(self) -> None:
         if self._runc is not None:
             self._runc.close()
+        if self._runc_shared is not None:
+            self._runc_shared.close()
         if self._docker is not None:
             self._docker.close()
         if self._rootfs is not None:

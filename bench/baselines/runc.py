@@ -19,8 +19,13 @@ IDLE_ARGS = ["tail", "-f", "/dev/null"]  # the SDK's default entrypoint
 
 
 class RuncBaseline:
-    def __init__(self, rootfs: Path, workdir: Path, binary: str = "runc", prefix: str = "bench"):
+    def __init__(self, rootfs: Path, workdir: Path, binary: str = "runc", prefix: str = "bench",
+                 cgroup_parent: str | None = None):
         self.rootfs = rootfs
+        # None: runc's default cgroup (its own, beside the host's other tasks); a name, e.g.
+        # sandlot's ``sandlot``: each container in ``/<name>/<id>``, where sandlot puts its
+        # sandboxes, so under load it gets the share of CPU a sandbox gets.
+        self.cgroup_parent = cgroup_parent
         self.workdir = workdir
         self.binary = shutil.which(binary) or binary
         self.prefix = prefix
@@ -45,16 +50,28 @@ class RuncBaseline:
         spec["hostname"] = "runc-baseline"
         spec_path.write_text(json.dumps(spec, indent=1))
 
+    def _bundle_for(self, cid: str) -> Path:
+        """The bundle to start ``cid`` from: the shared one, or a copy naming its cgroup."""
+        if self.cgroup_parent is None:
+            return self.bundle
+        spec = json.loads((self.bundle / "config.json").read_text())
+        spec.setdefault("linux", {})["cgroupsPath"] = f"/{self.cgroup_parent}/{cid}"
+        bundle = self.workdir / f"bundle-{cid}"
+        bundle.mkdir(parents=True, exist_ok=True)
+        (bundle / "config.json").write_text(json.dumps(spec, indent=1))
+        return bundle
+
     def _runc(self, *args: str) -> list[str]:
         return [self.binary, "--root", str(self.state), *args]
 
     def run_detached(self) -> tuple[str, float]:
         """``runc run -d``: (container id, seconds)."""
         cid = f"{self.prefix}-{next(self._ids)}"
+        bundle = self._bundle_for(cid)
         t0 = time.perf_counter()
         # The container inherits runc's stdio: a pipe would never reach EOF, so use a file.
         with tempfile.TemporaryFile() as err:
-            proc = subprocess.run(self._runc("run", "-d", "--bundle", str(self.bundle), cid),
+            proc = subprocess.run(self._runc("run", "-d", "--bundle", str(bundle), cid),
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=err, check=False, timeout=60)
             elapsed = time.perf_counter() - t0
@@ -78,7 +95,10 @@ class RuncBaseline:
         subprocess.run(self._runc("delete", "-f", cid), capture_output=True, timeout=60,
                        check=False)
         self.running.discard(cid)
-        return time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        if self.cgroup_parent is not None:
+            shutil.rmtree(self.workdir / f"bundle-{cid}", ignore_errors=True)
+        return elapsed
 
     def init_pid(self, cid: str) -> int | None:
         proc = subprocess.run(self._runc("state", cid), capture_output=True, text=True,

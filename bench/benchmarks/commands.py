@@ -135,6 +135,16 @@ async def run(env: BenchEnv) -> list[Row]:
                 sc.stream_bytes, sc.stream_runs, prefix)))
         finally:
             runc.delete(cid)
+        shared = env.runc_in_sandlot_parent()
+        if shared is not None:  # the same stream with a sandbox's share of the CPU
+            cid, _ = shared.run_detached()
+            try:
+                base_stream.append(Measured("runc exec, sandlot's cgroup parent",
+                                            host.stream_throughput(sc.stream_bytes,
+                                                                   sc.stream_runs,
+                                                                   shared.exec_argv(cid))))
+            finally:
+                shared.delete(cid)
     docker = env.docker()
     if docker is not None:
         cid, _ = docker.run_detached()

@@ -41,3 +41,34 @@ def test_walk_paths_are_joined_once_also_under_the_root(tmp_path: Path) -> None:
     assert top and all(p.startswith("/") and not p.startswith("//") for p in top)
     assert top == sorted(top)
     assert list(files.walk(str(tmp_path), max_depth=0)) == []
+
+
+def test_listing_pieces_join_to_the_whole_listing(tmp_path: Path) -> None:
+    for i in range(7):
+        (tmp_path / f"f{i}").write_text("x" * i)
+    walked = list(files.walk(str(tmp_path), max_depth=1))
+    whole = files.listing_json(walked)
+    for batch in (1, 2, 3, 7, 100):
+        pieces = list(files.listing_pieces(walked, batch=batch))
+        assert b"".join(pieces) == whole
+        assert len(pieces) == -(-len(walked) // batch) + 1  # the batches and the "]"
+    assert list(files.listing_pieces([])) == [b"[]"]
+
+
+def test_walk_skips_entries_gone_and_keeps_lexical_order_in_subdirectories(
+        tmp_path: Path) -> None:
+    (tmp_path / "z").mkdir()
+    (tmp_path / "z" / "b").write_text("")
+    (tmp_path / "z" / "a").mkdir()
+    (tmp_path / "z" / "a" / "inner").write_text("")
+    (tmp_path / "m").write_text("")
+    assert [p for p, _ in files.walk(str(tmp_path), max_depth=None)] == [
+        f"{tmp_path}/m", f"{tmp_path}/z", f"{tmp_path}/z/a", f"{tmp_path}/z/a/inner",
+        f"{tmp_path}/z/b"]
+    assert [p for p, _ in files.walk(str(tmp_path), max_depth=2)] == [
+        f"{tmp_path}/m", f"{tmp_path}/z", f"{tmp_path}/z/a", f"{tmp_path}/z/b"]
+    walked = files.walk(str(tmp_path), max_depth=None)
+    assert next(walked)[0] == f"{tmp_path}/m"
+    (tmp_path / "z" / "b").unlink()  # gone before the walk reaches it
+    assert [p for p, _ in walked] == [f"{tmp_path}/z", f"{tmp_path}/z/a",
+                                      f"{tmp_path}/z/a/inner"]
