@@ -58,29 +58,29 @@ def host_copy(src: Path, dst: Path, runs: int) -> tuple[list[float], list[float]
     return writes, reads
 
 
-def _scandir_stat(root: Path, runs: int) -> list[float]:
-    out = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        with os.scandir(root) as it:
-            for entry in it:
-                entry.stat()
-        out.append(time.perf_counter() - t0)
-    return out
+def _scandir_stat(root: Path) -> float:
+    t0 = time.perf_counter()
+    with os.scandir(root) as it:
+        for entry in it:
+            entry.stat()
+    return time.perf_counter() - t0
 
 
 def host_listing(root: Path, entries: int, runs: int,
                  shared: SharedParentCpu | None = None) -> tuple[list[float], list[float]]:
-    """scandir+stat of ``entries`` files: (as a host process, in sandlot's cgroup parent);
-    the second is empty without ``shared``."""
+    """scandir+stat of ``entries`` files: (as a host process, in sandlot's cgroup parent),
+    alternated run by run; the second is empty without ``shared``."""
     root.mkdir(parents=True, exist_ok=True)
     for i in range(entries):
         (root / str(i)).touch()
-    plain = _scandir_stat(root, runs)
+    plain: list[float] = []
     inside: list[float] = []
+    for _ in range(runs):
+        plain.append(_scandir_stat(root))
+        if shared is not None:
+            with shared.thread_inside():
+                inside.append(_scandir_stat(root))
     if shared is not None:
-        with shared.thread_inside():
-            inside = _scandir_stat(root, runs)
         shared.remove()
     shutil.rmtree(root)
     return plain, inside

@@ -38,6 +38,7 @@ Use::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
@@ -297,6 +298,49 @@ def self_ending_sse_response(
     response = _SelfEndingStream(source, media_type=MEDIA_TYPE, headers=dict(_HEADERS))
     response.after = after
     return response
+
+
+class _InterruptibleStream(StreamingResponse):
+    """A ``text/event-stream`` whose source must stop at once when the client goes away (a
+    code cell is interrupted then). As Starlette's ``StreamingResponse`` does with an anyio
+    task group and cancel scopes, but with two plain tasks: the body pump and the
+    disconnect watch, whichever ends first ends the other."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        pump = asyncio.ensure_future(self._pump(send))
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not pump.done():
+                pump.cancel()  # the client went away: the source's clean-up runs now
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pump
+        if not pump.cancelled():
+            pump.result()  # the pump's own error, if any
+
+    async def _pump(self, send: Send) -> None:
+        iterator = self.body_iterator
+        try:
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
+            async for chunk in iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def interruptible_sse_response(source: AsyncIterable[bytes]) -> StreamingResponse:
+    """A ``text/event-stream`` response whose source is cancelled as soon as the client
+    disconnects (see ``_InterruptibleStream``); the source sends its own keep-alives."""
+    return _InterruptibleStream(source, media_type=MEDIA_TYPE, headers=dict(_HEADERS))
 
 
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -106,13 +106,18 @@ def build_routes(service: CodeService) -> list[BaseRoute]:
 
         async def stream() -> AsyncIterator[bytes]:
             number = 0
-            async for ev in service.run(ctx, code, float(timeout) if timeout else None):
-                number += 1
-                yield sse.encode(ev, event_id=number, sse=framing)
+            async for batch in service.run(ctx, code, float(timeout) if timeout else None,
+                                           keepalive=service.settings.keepalive):
+                if not batch:  # quiet: the reference's ping event, or an SSE comment
+                    yield sse.KEEPALIVE if framing else sse.ping_frame()
+                    continue
+                frames = []
+                for ev in batch:
+                    number += 1
+                    frames.append(sse.encode(ev, event_id=number, sse=framing))
+                yield b"".join(frames)
 
-        # The reference's framing (ping events when quiet) unless the client asked for SSE.
-        return sse.sse_response(stream(), keepalive_interval=service.settings.keepalive,
-                                keepalive=None if framing else sse.ping_frame)
+        return sse.interruptible_sse_response(stream())
 
     async def interrupt(request: Request) -> Response:
         target = request.query_params.get("id")

@@ -18,6 +18,7 @@ from sandlot.errors import InvalidRequest, NotFound, RuntimeFailure
 
 from .. import paths
 from ..oomscore import prefer_for_oom
+from .batches import Batches
 from .catalog import KernelCatalog, LanguageSpec, canonical
 from .context import CodeContext
 from .events import Event, EventShaper, error_event, event
@@ -216,23 +217,23 @@ class CodeService:
 
     # ---- runs ------------------------------------------------------------------------------
     async def run(
-        self, ctx: CodeContext, code: str, timeout: float | None = None
-    ) -> AsyncIterator[Event]:
-        """Yield the run's events as the kernel produces them. Closing the iterator interrupts."""
+        self, ctx: CodeContext, code: str, timeout: float | None = None,
+        keepalive: float | None = None,
+    ) -> AsyncIterator[list[Event]]:
+        """Yield the run's events as the kernel produces them, those ready together in one
+        batch (one write to the client instead of one each); with ``keepalive``, an empty
+        batch after that many seconds without one. Closing the iterator interrupts."""
         limit = self.settings.exec_timeout
         if timeout is not None and timeout > 0:
             limit = min(limit, timeout) if limit > 0 else timeout
-        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        batches: Batches[Event] = Batches()
         exec_id = uuid.uuid4().hex
-        task = asyncio.create_task(self._execute(ctx, code, exec_id, limit, queue.put_nowait))
+        task = asyncio.create_task(self._execute(ctx, code, exec_id, limit, batches.put))
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)
         try:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    break
-                yield item
+            async for batch in batches.batches(keepalive):
+                yield batch
         finally:
             if not task.done():
                 # The client went away mid-run: stop the cell so the context is usable again.
