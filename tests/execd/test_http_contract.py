@@ -290,31 +290,6 @@ def test_download_ranges(execd: Execd, tmp_path: Path) -> None:
         assert open_end.content == data[9990:]
 
 
-def test_long_listings_are_chunked_short_ones_have_a_length(
-        execd: Execd, tmp_path: Path) -> None:
-    # As the reference's Go server: a body past its 2 KiB buffer goes out chunked, a short
-    # one with a Content-Length; the bytes are the listing either way.
-    from sandlot.execd import files
-
-    (tmp_path / "few").mkdir()
-    (tmp_path / "few" / "one").write_text("1")
-    many = tmp_path / "many"
-    many.mkdir()
-    for i in range(files.LISTING_BATCH * 2 + 5):
-        (many / f"{i:05d}").write_text("")
-    with execd.client() as c:
-        short = c.get("/directories/list", params={"path": str(tmp_path / "few")})
-        assert short.status_code == 200
-        assert short.headers["content-length"] == str(len(short.content))
-        assert [e["path"] for e in short.json()] == [f"{tmp_path}/few/one"]
-        long = c.get("/directories/list", params={"path": str(many)})
-        assert long.status_code == 200 and long.headers["content-type"] == "application/json"
-        assert long.headers.get("transfer-encoding") == "chunked"
-        assert "content-length" not in long.headers
-        assert long.content == files.listing_json(files.walk(str(many), max_depth=1))
-        assert len(long.json()) == files.LISTING_BATCH * 2 + 5
-
-
 def test_upload_with_owner_and_relative_path(execd: Execd) -> None:
     import pwd
 

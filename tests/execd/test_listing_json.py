@@ -43,18 +43,6 @@ def test_walk_paths_are_joined_once_also_under_the_root(tmp_path: Path) -> None:
     assert list(files.walk(str(tmp_path), max_depth=0)) == []
 
 
-def test_listing_pieces_join_to_the_whole_listing(tmp_path: Path) -> None:
-    for i in range(7):
-        (tmp_path / f"f{i}").write_text("x" * i)
-    walked = list(files.walk(str(tmp_path), max_depth=1))
-    whole = files.listing_json(walked)
-    for batch in (1, 2, 3, 7, 100):
-        pieces = list(files.listing_pieces(walked, batch=batch))
-        assert b"".join(pieces) == whole
-        assert len(pieces) == -(-len(walked) // batch) + 1  # the batches and the "]"
-    assert list(files.listing_pieces([])) == [b"[]"]
-
-
 def test_walk_skips_entries_gone_and_keeps_lexical_order_in_subdirectories(
         tmp_path: Path) -> None:
     (tmp_path / "z").mkdir()

@@ -22,7 +22,6 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from datetime import UTC, datetime
 from functools import lru_cache
-from itertools import islice
 from typing import Any
 from urllib.parse import quote
 
@@ -195,42 +194,6 @@ def _json_texts(texts: list[str]) -> list[str]:
     return _json_text("\0".join(texts))[1:-1].split("\\u0000")
 
 
-# Entries per piece of a streamed listing (~180 bytes of JSON each).
-LISTING_BATCH = 512
-# A listing of more entries than this goes out in pieces (chunked, as the reference's Go
-# server sends any body past its 2 KiB buffer, ~12 entries); shorter ones in one body with
-# a Content-Length (as the reference's do).
-LISTING_ONE_BODY_MAX = 12
-
-
-def _listing_items(entries: list[tuple[str, os.stat_result]]) -> str:
-    """The entries' JSON objects joined by commas (see ``listing_json``)."""
-    iso = _iso_ns
-    parts: list[str] = []
-    append = parts.append
-    for path, (_, st) in zip(_json_texts([path for path, _ in entries]), entries, strict=True):
-        mode, mtime, ctime = st.st_mode, st.st_mtime_ns, st.st_ctime_ns
-        modified = iso(mtime)
-        append(f'{{"path":"{path}",{_type_field(mode)},"size":{st.st_size},'
-               f'"modified_at":"{modified}",'
-               f'"created_at":"{modified if ctime == mtime else iso(ctime)}",'
-               f'{_tail_fields(st.st_uid, st.st_gid, mode)}')
-    return ",".join(parts)
-
-
-def listing_pieces(entries: Iterable[tuple[str, os.stat_result]],
-                   batch: int = LISTING_BATCH) -> Iterator[bytes]:
-    """The listing's JSON array in pieces of ``batch`` entries, each written when it is
-    asked for (so the first can be sent while the rest is written); joined, the pieces are
-    ``listing_json``'s bytes."""
-    it = iter(entries)
-    opening = "["
-    while chunk := list(islice(it, batch)):
-        yield (opening + _listing_items(chunk)).encode()
-        opening = ","
-    yield b"[]" if opening == "[" else b"]"
-
-
 def listing_json(entries: Iterable[tuple[str, os.stat_result]]) -> bytes:
     """The JSON array of ``file_info`` of each entry, written as text directly.
 
@@ -242,12 +205,18 @@ def listing_json(entries: Iterable[tuple[str, os.stat_result]]) -> bytes:
     time (most) formats one timestamp. Same bytes as
     ``json.dumps([file_info(...)], ensure_ascii=False, separators=(",", ":"))``.
     """
-    return b"".join(listing_pieces(entries))
-
-
-async def _pieces(pieces: Iterator[bytes]) -> AsyncIterator[bytes]:
-    for piece in pieces:
-        yield piece
+    entries = list(entries)
+    iso = _iso_ns
+    parts: list[str] = []
+    append = parts.append
+    for path, (_, st) in zip(_json_texts([path for path, _ in entries]), entries, strict=True):
+        mode, mtime, ctime = st.st_mode, st.st_mtime_ns, st.st_ctime_ns
+        modified = iso(mtime)
+        append(f'{{"path":"{path}",{_type_field(mode)},"size":{st.st_size},'
+               f'"modified_at":"{modified}",'
+               f'"created_at":"{modified if ctime == mtime else iso(ctime)}",'
+               f'{_tail_fields(st.st_uid, st.st_gid, mode)}')
+    return ("[" + ",".join(parts) + "]").encode()
 
 
 def apply_owner(path: str, owner: Any, group: Any) -> None:
@@ -487,16 +456,10 @@ class FileRoutes:
         if not stat.S_ISDIR(st.st_mode):
             raise bad_request(f"path is not a directory: {path}")
         try:
-            # Walked in full before answering, so any error is still a 500 with its message.
-            entries = list(walk(path, max_depth=depth))
+            body = listing_json(walk(path, max_depth=depth))
         except OSError as exc:
             raise failure("error listing directory", raw, exc.strerror or str(exc)) from None
-        pieces = listing_pieces(entries)
-        if len(entries) <= LISTING_ONE_BODY_MAX:
-            return Response(b"".join(pieces), media_type="application/json")
-        # A long listing goes out in pieces as its JSON is written: the client (and the
-        # server's relay) read the first pieces while execd writes the rest.
-        return StreamingResponse(_pieces(pieces), media_type="application/json")
+        return Response(body, media_type="application/json")
 
     async def make_dirs(self, request: Request) -> Response:
         body = expect_object(await json_body(request))
