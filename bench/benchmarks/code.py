@@ -24,7 +24,8 @@ from bench.results import Measured, Row, Target, ms, ratio_target, skipped
 from bench.server import image_present
 
 BENCH = "code"
-KEYS = ("code.warm", "code.context_first_cell", "code.context_cold", "code.plot")
+KEYS = ("code.warm", "code.warm_http", "code.context_first_cell", "code.context_cold",
+        "code.plot")
 IMAGE = "code-interpreter"
 PLOT = (
     "import matplotlib\nimport matplotlib.pyplot as plt\nfrom IPython.display import display\n"
@@ -35,6 +36,7 @@ PLOT = (
 def _labels() -> dict[str, tuple[str, str, Target | None]]:
     return {
         "code.warm": ("warm `1+1` round trip", "ms", Target("<=", 10, "p50", "issue 4")),
+        "code.warm_http": ("warm `1+1` round trip, raw HTTP (no SDK parse)", "ms", None),
         "code.context_first_cell": ("new context + first cell (pool refilled)", "ms",
                                     Target("<=", 150, "p50", "issue 4")),
         "code.context_cold": ("new context + first cell (back to back)", "ms", None),
@@ -95,6 +97,26 @@ def _direct(runs: int, plot_runs: int, context_runs: int,
     return warm, plot, starts
 
 
+async def _warm_raw(sandbox: Any, context_id: str, runs: int) -> list[float]:
+    """Seconds of ``POST /code`` ``1+1`` over the endpoint the SDK uses, the stream read as
+    bytes: sandlot's share of ``code.warm`` without the SDK's client. Each stream must end
+    with ``execution_complete`` and carry the result."""
+    endpoint = await sandbox.get_endpoint(44772)
+    body = {"code": "1+1", "context": {"id": context_id, "language": "python"}}
+    out: list[float] = []
+    async with httpx.AsyncClient(headers=dict(endpoint.headers or {}), timeout=60.0) as client:
+        url = f"http://{endpoint.endpoint}/code"
+        for i in range(runs + 3):
+            t0 = time.perf_counter()
+            r = await client.post(url, json=body)
+            elapsed = time.perf_counter() - t0
+            if b'"execution_complete"' not in r.content or b'"2"' not in r.content:
+                raise RuntimeError(f"raw 1+1 did not complete: {r.content[-200:]!r}")
+            if i >= 3:  # the first three warm the connection
+                out.append(elapsed)
+    return out
+
+
 async def run(env: BenchEnv) -> list[Row]:
     sc = env.scale
     if not image_present(IMAGE, env.image_cache):
@@ -103,6 +125,7 @@ async def run(env: BenchEnv) -> list[Row]:
     sandbox, _ = await env.sandboxes.create(IMAGE, ready_timeout=120.0)
     env.profile_execd(sandbox.id)
     warm: list[float] = []
+    warm_http: list[float] = []
     first: list[float] = []
     cold: list[float] = []
     plot: list[float] = []
@@ -126,6 +149,8 @@ async def run(env: BenchEnv) -> list[Row]:
             warm.append(time.perf_counter() - t0)
             if execution.error is not None:
                 raise RuntimeError(f"1+1 failed: {execution.error}")
+        if ctx.id:
+            warm_http = await _warm_raw(sandbox, ctx.id, sc.code_runs)
 
         for _ in range(sc.context_runs):
             await asyncio.sleep(sc.settle_seconds)  # let a pre-started kernel be ready
@@ -178,6 +203,12 @@ async def run(env: BenchEnv) -> list[Row]:
             baselines=[direct, *shared_bases],
             note="; ".join(filter(None, [note, _ratio_note(ratio_target(
                 "<=", 1.3, direct, "issue 15"))]))),
+        Row(key="code.warm_http", bench=BENCH, label=labels["code.warm_http"][0], unit="ms",
+            sandlot=Measured("sandlot", ms(warm_http)) if warm_http else None,
+            baselines=[direct, *shared_bases],
+            target=ratio_target("<=", 1.3, direct, "issue 15"),
+            note="execd, the server's endpoint relay and httpx; the SDK's own client and "
+                 "parse are in code.warm"),
         Row(key="code.context_first_cell", bench=BENCH,
             label=labels["code.context_first_cell"][0], unit="ms",
             sandlot=Measured("sandlot", ms(first)), target=labels["code.context_first_cell"][2],
