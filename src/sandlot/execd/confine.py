@@ -101,6 +101,55 @@ def seccomp_filter(profile: dict[str, Any]) -> Any:
     return filt
 
 
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+_BPF_INSN = 8  # bytes per classic BPF instruction
+
+
+class CompiledFilter:
+    """A libseccomp filter compiled once (``export_bpf``) and loaded as the kernel takes it.
+
+    libseccomp's own ``load`` generates the program from its rule database every time: ~1 MB
+    of heap written in each forked execd. The zygote compiles it once; each execd passes the
+    same (shared) bytes to ``prctl(PR_SET_SECCOMP)``, which is what ``seccomp_load`` ends in
+    for a filter with no load flags. Hand-written because libseccomp has no call that loads
+    an exported program.
+    """
+
+    def __init__(self, program: bytes, no_new_privs: bool) -> None:
+        if not program or len(program) % _BPF_INSN:
+            raise ConfineError("libseccomp exported an empty or partial program")
+        self.program = ctypes.create_string_buffer(program, len(program))
+        self.length = len(program) // _BPF_INSN
+        self.no_new_privs = no_new_privs
+
+    @classmethod
+    def of(cls, filt: Any) -> CompiledFilter | None:
+        """The compiled ``filt``; None if it needs what ``prctl`` cannot do (thread sync,
+        logging, speculative-store flags): then only libseccomp can load it."""
+        attr = pyseccomp.Attr
+        if any(filt.get_attr(a) for a in (attr.CTL_TSYNC, attr.CTL_LOG, attr.CTL_SSB)):
+            return None
+        read_end, write_end = os.pipe()
+        with os.fdopen(read_end, "rb") as reader, os.fdopen(write_end, "wb") as writer:
+            filt.export_bpf(writer)  # a few KiB: fits the pipe's buffer
+            writer.close()
+            program = reader.read()
+        return cls(program, bool(filt.get_attr(attr.CTL_NNP)))
+
+    def load(self) -> None:
+        if self.no_new_privs:  # as libseccomp does before loading (its default attribute)
+            prctl.set_no_new_privs(True)
+        prog = _SockFprog(self.length, ctypes.addressof(self.program))
+        if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"loading the seccomp program: {os.strerror(err)}")
+
+
 def enter_sandbox(plan: dict[str, Any], ns_fds: dict[str, int], cgroup_fds: list[int]) -> None:
     """Steps 1 and 2 (see the module docstring); the caller forks afterwards."""
     prctl.set_dumpable(False)

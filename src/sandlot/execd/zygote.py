@@ -16,6 +16,12 @@ per cgroup (``cgroup.procs`` files). The zygote itself never reads the plan or t
 only the child does, so no sandbox's environment or token stays in the zygote's memory,
 to be inherited by the next sandbox's execd. The answer is ``{"pid": <host pid>}`` once
 the child is confined (``confine.py``) and about to run execd, or ``{"error": ...}``.
+The header may also carry the plan's seccomp object (``seccomp``; not secret): the zygote
+compiles that filter once and keeps the program (``SeccompFilters``), so each execd loads
+an inherited, shared program instead of building and compiling its own (libseccomp's rule
+database and code generator wrote ~1.5 MB of heap in every execd). The child still checks
+that the inherited program was compiled from the very object in its plan, and builds its
+own from the plan when not.
 
 The zygote is the child subreaper of the execds it starts: when one exits, the zygote
 kills its container's init (a minimal waiter), so the container stops as it did when execd
@@ -44,16 +50,81 @@ REPORT_TIMEOUT = 20.0
 FIXED_FDS = ("plan", "token", "stdio", "init")
 
 
+# Everything an execd imports, at start-up (``build_app`` imports its services) or on a
+# later request (uploads, globs, PTY WebSockets, ...). Imported here, a module's objects sit
+# in pages every execd shares; imported in an execd, it costs that execd its own copy (the
+# import's objects, and the temporaries that dirty the inherited heap: profile with
+# ``tools/profile_cow.py``).
+PRELOAD = (
+    "sandlot.execd.main", "sandlot.execd.app", "sandlot.execd.procs",
+    "sandlot.execd.lazyext", "sandlot.execd.claim", "sandlot.execd.hibernation",
+    "sandlot.execd.cappedlog", "sandlot.execd.httpserver", "sandlot.execd.settings",
+    "sandlot.execd.commands", "sandlot.execd.files", "sandlot.execd.upload",
+    "sandlot.execd.metrics", "sandlot.execd.pty", "sandlot.execd.sessions",
+    "logging", "resource", "shlex", "email.utils", "h11", "wcmatch.glob",
+    "websockets.server", "websockets.http11", "websockets.frames", "sandlot.execd.code",
+)
+
+
 def preload() -> None:
     """Import what execd imports at start-up and on its first requests (shared pages)."""
     import importlib
 
-    for module in ("sandlot.execd.main", "sandlot.execd.app", "sandlot.execd.procs",
-                   "sandlot.execd.lazyext", "sandlot.execd.claim", "sandlot.execd.hibernation",
-                   "sandlot.execd.cappedlog", "sandlot.execd.httpserver",
-                   "sandlot.execd.settings", "logging", "h11", "sandlot.execd.code"):
+    for module in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
+
+
+def prepare() -> None:
+    """Everything the zygote does before its first fork (also ``tools/profile_cow.py``)."""
+    preload()
+    if threading.active_count() != 1:
+        raise SystemExit("execd zygote: a preloaded module started a thread; cannot fork")
+    gc.collect()
+    gc.freeze()  # the imported objects' pages stay shared with every execd
+
+
+def seccomp_key(profile: Any) -> str:
+    """One text per seccomp object, whatever its key order."""
+    return json.dumps(profile, sort_keys=True, separators=(",", ":"))
+
+
+class SeccompFilters:
+    """Seccomp filters built in the zygote, by the object they were built from.
+
+    Bounded: sandboxes share a handful of profiles at most; past ``limit`` the oldest is
+    dropped (an execd that forked with it keeps its own copy of the pages).
+    """
+
+    def __init__(self, limit: int = 4) -> None:
+        self.limit = limit
+        self._built: dict[str, Any] = {}
+
+    def get(self, profile: Any) -> tuple[str, Any] | None:
+        """``(key, filter)`` for ``profile``, built on first use; None if it cannot be
+        built here (the child then builds it from its plan and reports why it failed)."""
+        if not isinstance(profile, dict):
+            return None
+        key = seccomp_key(profile)
+        if key not in self._built:
+            try:
+                filt = confine.CompiledFilter.of(confine.seccomp_filter(profile))
+            except Exception:  # noqa: BLE001 - the child reports it, from its own plan
+                return None
+            if filt is None:
+                return None
+            while len(self._built) >= self.limit:
+                del self._built[next(iter(self._built))]
+            self._built[key] = filt
+        return key, self._built[key]
+
+
+def filter_for(plan: dict[str, Any], prebuilt: tuple[str, Any] | None) -> Any:
+    """The plan's seccomp filter: the zygote's if it was built from the same object."""
+    profile = plan["seccomp"]
+    if prebuilt is not None and prebuilt[0] == seccomp_key(profile):
+        return prebuilt[1]
+    return confine.seccomp_filter(profile)
 
 
 def _read_all(fd: int) -> bytes:
@@ -90,7 +161,7 @@ class Request:
                     os.close(fd)
 
 
-def _first_child(req: Request, report: int) -> NoReturn:
+def _first_child(req: Request, report: int, prebuilt: tuple[str, Any] | None) -> NoReturn:
     """Runs in the zygote's fork: enter the sandbox, fork into its pid namespace."""
     try:
         signal.set_wakeup_fd(-1)  # the zygote's wake-up pipe is closed here
@@ -100,7 +171,7 @@ def _first_child(req: Request, report: int) -> NoReturn:
         req.close(keep=("token", "stdio"))
         pid = os.fork()
         if pid == 0:
-            _execd_child(plan, req, report)
+            _execd_child(plan, req, report, prebuilt)
         _report(report, f"pid {pid}")
         os._exit(0)
     except BaseException as exc:  # noqa: BLE001 - reported, then this child ends
@@ -108,11 +179,12 @@ def _first_child(req: Request, report: int) -> NoReturn:
         os._exit(1)
 
 
-def _execd_child(plan: dict[str, Any], req: Request, report: int) -> NoReturn:
+def _execd_child(plan: dict[str, Any], req: Request, report: int,
+                 prebuilt: tuple[str, Any] | None) -> NoReturn:
     """The second fork, inside the pid namespace: drop to what runc gives execd, run it."""
     code = 1
     try:
-        confine.become_execd(plan, confine.seccomp_filter(plan["seccomp"]))
+        confine.become_execd(plan, filter_for(plan, prebuilt))
         token, stdio = req.fds["token"], req.fds["stdio"]
         os.dup2(token, 0)
         os.dup2(stdio, 1)
@@ -123,7 +195,7 @@ def _execd_child(plan: dict[str, Any], req: Request, report: int) -> NoReturn:
         args = list(plan["process"]["args"])
         argv = args[args.index("sandlot.execd") + 1:]
         sys.argv = ["sandlot-execd", *argv]
-        del plan, req
+        del plan, req, prebuilt
         from sandlot.execd.main import main as execd_main
 
         _report(report, "ok")
@@ -146,6 +218,7 @@ class Zygote:
     def __init__(self, control: socket.socket) -> None:
         self.control = control
         self.execds: dict[int, int] = {}  # execd's host pid -> pidfd of its container init
+        self.filters = SeccompFilters()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -168,18 +241,20 @@ class Zygote:
 
     def launch(self, msg: bytes, fds: list[int]) -> dict[str, Any]:
         try:
-            req = Request(json.loads(msg), fds)
+            header = json.loads(msg)
+            req = Request(header, fds)
         except (ValueError, KeyError, TypeError) as exc:
             for fd in fds:
                 os.close(fd)
             return {"error": f"bad request: {exc}"}
+        prebuilt = self.filters.get(header.get("seccomp"))
         report_r, report_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:
             self.control.close()
             for fd in (report_r, self.wake_r, self.wake_w):
                 os.close(fd)
-            _first_child(req, report_w)
+            _first_child(req, report_w, prebuilt)
         os.close(report_w)
         init = req.fds["init"]
         req.close(keep=("init",))
@@ -228,11 +303,7 @@ def main(argv: list[str]) -> int:
     prctl.set_pdeathsig(signal.SIGKILL)
     control = socket.socket(fileno=int(argv[0]))
     prctl.set_child_subreaper(True)
-    preload()
-    if threading.active_count() != 1:
-        raise SystemExit("execd zygote: a preloaded module started a thread; cannot fork")
-    gc.collect()
-    gc.freeze()  # the imported objects' pages stay shared with every execd
+    prepare()
     Zygote(control).serve()
     return 0
 

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 WAITER_PATH = "/run/sandlot/init"
 NAMESPACES = ("net", "user", "mnt", "ipc", "uts", "cgroup", "pid")
 LAUNCH_TIMEOUT = 30.0
+# A seccomp object up to this size travels in the launch header (the zygote reads up to
+# 64 KiB) so the zygote builds its filter once; a larger one is built by each execd.
+MAX_SHARED_SECCOMP = 48 << 10
 # The private mount namespace the zygote runs in: the bundle at /opt/sandlot (a tmpfs over
 # /opt hides the host's), so its imports resolve to the paths they have inside sandboxes.
 _ENTER = ('mount -t tmpfs -o mode=0755,size=64k sandlot-zygote /opt && mkdir /opt/sandlot '
@@ -112,7 +115,11 @@ def open_launch_fds(init_pid: int, container_id: str, plan: dict[str, Any], toke
         for fd in fds:
             os.close(fd)
         raise
-    return {"ns": list(NAMESPACES), "cgroups": len(procs)}, fds
+    header: dict[str, Any] = {"ns": list(NAMESPACES), "cgroups": len(procs)}
+    seccomp = plan.get("seccomp")
+    if seccomp and len(json.dumps(seccomp)) <= MAX_SHARED_SECCOMP:
+        header["seccomp"] = seccomp  # built once in the zygote, shared by the execds
+    return header, fds
 
 
 def stop_if_half_started(runc_root: Path, container_id: str, config_json: Path) -> bool:
