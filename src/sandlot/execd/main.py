@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -58,6 +59,14 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" in args:
         cut = args.index("--")
         args, entrypoint = args[:cut], args[cut + 1 :]
+    ns = parser().parse_args(args)
+    return ns, entrypoint
+
+
+@functools.cache
+def parser() -> argparse.ArgumentParser:
+    """execd's options; built once (the execd zygote builds it before forking, so forked
+    execds share it instead of each building and writing its own)."""
     parser = argparse.ArgumentParser(
         prog="sandlot execd",
         description="In-sandbox execution daemon serving the OpenSandbox execd API.",
@@ -105,8 +114,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--interrupt-grace", type=float, default=3.0, help="seconds between SIGINT/SIGTERM/SIGKILL"
     )
-    ns = parser.parse_args(args)
-    return ns, entrypoint
+    return parser
 
 
 def make_socket(addr: str) -> socket.socket:

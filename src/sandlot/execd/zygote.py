@@ -73,6 +73,9 @@ def preload() -> None:
     for module in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
+    from sandlot.execd.main import parser
+
+    parser()  # built here once, shared by every execd
 
 
 def prepare() -> None:
