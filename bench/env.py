@@ -45,6 +45,7 @@ class Scale:
     proxy_runs: int
     proxy_download_bytes: int
     settle_seconds: float
+    idle_window_seconds: float  # density: the window idle CPU is measured over
     bench_timeout: float  # a benchmark that runs longer is cancelled (and cleaned up)
 
 
@@ -55,7 +56,7 @@ FULL = Scale(
     large_file_bytes=1 << 30, large_file_runs=2, dir_entries=10_000, dir_runs=5,
     code_runs=100, context_runs=8, plot_runs=10, density_steps=(10, 50, 100),
     docker_density=10, proxy_runs=100, proxy_download_bytes=64 << 20, settle_seconds=3.0,
-    bench_timeout=300.0,
+    idle_window_seconds=20.0, bench_timeout=300.0,
 )
 QUICK = Scale(
     create_serial=3, create_concurrency=((2, 1), (3, 1)), burst_pause=0.5, command_runs=10,
@@ -63,7 +64,7 @@ QUICK = Scale(
     large_file_bytes=16 << 20, large_file_runs=1, dir_entries=500, dir_runs=2,
     code_runs=5, context_runs=2, plot_runs=2, density_steps=(2, 4),
     docker_density=2, proxy_runs=5, proxy_download_bytes=4 << 20, settle_seconds=0.5,
-    bench_timeout=120.0,
+    idle_window_seconds=2.0, bench_timeout=120.0,
 )
 
 

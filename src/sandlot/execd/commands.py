@@ -159,6 +159,7 @@ class CommandService:
         self.state_dir = ""
         self._spare_files: SpareFiles | None = None
         self._janitor: asyncio.Task[None] | None = None
+        self._retained = asyncio.Event()  # set when an execution is kept: the janitor's work
         self.envfile = EnvFile(os.environ.get("EXECD_ENVS"))
         # Other things ``DELETE /command?id=`` reaches (bash sessions); True when it did.
         self.interrupt_other: Callable[[str], Awaitable[bool]] | None = None
@@ -194,6 +195,9 @@ class CommandService:
 
     async def _expire_loop(self) -> None:
         while True:
+            if not self.executions:  # nothing to expire: no timer while idle
+                self._retained.clear()
+                await self._retained.wait()
             await asyncio.sleep(min(30.0, max(1.0, self.settings.retention_seconds / 4)))
             self.expire()
 
@@ -228,6 +232,7 @@ class CommandService:
                        files=self._spare_files, session_lines=session_lines, init_id=init_id,
                        max_journal_bytes=self.settings.max_journal_bytes)
         self.executions[ex.id] = ex
+        self._retained.set()
         return ex
 
     def start(self, req: CommandRequest) -> Execution:
