@@ -182,6 +182,10 @@ async def main() -> None:
               f"load={os.getloadavg()[0]:.1f}")
         print(f"USS MB: p50 {statistics.median(ussv):.2f}  p90 {_pct(ussv, 0.9):.2f}  "
               f"max {max(ussv):.2f}")
+        rssv = [psutil.Process(p).memory_info().rss / MB for p in pids]
+        pssv = [psutil.Process(p).memory_full_info().pss / MB for p in pids]
+        print(f"RSS MB (shared pages counted in full): p50 {statistics.median(rssv):.2f}; "
+              f"PSS MB (shared pages split): p50 {statistics.median(pssv):.2f}")
         if a.smaps:
             for kind, vals in sorted(smaps_breakdown(pids, zygote).items()):
                 print(f"  {kind:40s} p50 {statistics.median(vals) / 1000:6.2f} MB  "

@@ -124,7 +124,8 @@ async def run(env: BenchEnv) -> list[Row]:
                     sandlot=Measured("sandlot", [rss(p) / MB for p in execds]) if execds
                     else None,
                     target=Target("<=", 25, "p50", "issue 3"),
-                    note=f"{len(execds)} execd processes found" if execds else
+                    note=f"{len(execds)} execd processes found (forked from the zygote, "
+                    "RSS counts its shared pages in full: USS is the cost)" if execds else
                     "no execd process found on the host"),
                 Row(key=f"density.execd_uss.{step}", bench=BENCH,
                     label=f"execd USS (each, unshared), N={step}", unit="MB",
