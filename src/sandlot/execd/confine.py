@@ -145,7 +145,8 @@ class CompiledFilter:
         if self.no_new_privs:  # as libseccomp does before loading (its default attribute)
             prctl.set_no_new_privs(True)
         prog = _SockFprog(self.length, ctypes.addressof(self.program))
-        if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        if _libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER),
+                       ctypes.byref(prog), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"loading the seccomp program: {os.strerror(err)}")
 
