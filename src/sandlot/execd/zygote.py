@@ -93,7 +93,7 @@ def seccomp_key(profile: Any) -> str:
 
 
 class SeccompFilters:
-    """Seccomp filters built in the zygote, by the object they were built from.
+    """Seccomp programs compiled in the zygote, by the object they were compiled from.
 
     Bounded: sandboxes share a handful of profiles at most; past ``limit`` the oldest is
     dropped (an execd that forked with it keeps its own copy of the pages).
@@ -102,6 +102,9 @@ class SeccompFilters:
     def __init__(self, limit: int = 4) -> None:
         self.limit = limit
         self._built: dict[str, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._built)
 
     def get(self, profile: Any) -> tuple[str, Any] | None:
         """``(key, filter)`` for ``profile``, built on first use; None if it cannot be
