@@ -63,6 +63,9 @@ PRELOAD = (
     "sandlot.execd.metrics", "sandlot.execd.pty", "sandlot.execd.sessions",
     "logging", "resource", "shlex", "email.utils", "h11", "wcmatch.glob",
     "websockets.server", "websockets.http11", "websockets.frames", "sandlot.execd.code",
+    # the code service's parts it imports once loaded (code images load it at start)
+    "sandlot.execd.code.routes", "sandlot.execd.code.natives", "sandlot.execd.code.readiness",
+    "sandlot.execd.code.jupyter_api", "sandlot.execd.code.jupyter_api.settings",
 )
 
 
