@@ -301,6 +301,12 @@ class KubernetesConfig(_Section):
     # loaded into nodes or a registry with `sandlot kubernetes bundle-image`).
     execd_bundle_image: str | None = None
     bundle_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    # How execd reaches a Pod: "copy" (an init container copies the bundle into an emptyDir,
+    # every Pod; works on any cluster) or "node-cache" (a hostPath entry per node and bundle
+    # digest, filled once and mounted read-only; later Pods start without an init container).
+    execd_delivery: Literal["copy", "node-cache"] = "copy"
+    # The node directory of "node-cache" (root-only; sandboxes never get it as a volume).
+    node_cache_dir: str = Field(default="/var/lib/sandlot/execd-cache", pattern=r"^/.+")
     # Requests are this fraction of the limits: 1 (upstream) gives Guaranteed QoS; less
     # overcommits a small cluster.
     request_fraction: float = Field(default=1.0, gt=0, le=1)

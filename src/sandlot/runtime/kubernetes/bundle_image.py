@@ -2,17 +2,22 @@
 
 Nodes of a cluster cannot bind-mount the server's disk, so the bundle travels as a tiny
 image of its own (one layer: the bundle's files under ``/sandlot-bundle``). A Pod's init
-container runs that image and copies the bundle, with the bundle's own interpreter (the
-image has no shell or coreutils), into an ``emptyDir`` the sandbox container mounts
-read-only at ``/opt/sandlot``: the same place, and started the same way, as on the other
-backends. Its tag is the bundle's content key, so a node never runs a stale execd.
+container runs that image and, with the bundle's own interpreter (the image has no shell or
+coreutils), either copies the bundle into an ``emptyDir`` (``execd_delivery = "copy"``) or
+fills/verifies the node's cache entry (``"node-cache"``, ``bundle_fill``); the sandbox
+container mounts it read-only at ``/opt/sandlot``: the same place, and started the same
+way, as on the other backends. Its tag is the bundle's content key, so a node never runs a
+stale execd.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 from sandlot.runtime.execd_bundle import ExecdBundle
+from sandlot.runtime.kubernetes import bundle_fill
 from sandlot.runtime.kubernetes.archive import write_docker_archive
 
 IN_IMAGE = "/sandlot-bundle"
@@ -37,3 +42,26 @@ def copy_command(target: str) -> tuple[list[str], dict[str, str]]:
     """argv and environment of the init container that copies the bundle to ``target``."""
     inside = ExecdBundle(Path(IN_IMAGE), mount_point=IN_IMAGE)
     return [*inside.python_argv(), "-c", _COPY, IN_IMAGE, target], inside.env()
+
+
+def fill_command(cache: str, digest: str) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of the init container that fills (or verifies) a node's
+    cache entry ``cache/digest`` from the image (``bundle_fill``, run as source)."""
+    inside = ExecdBundle(Path(IN_IMAGE), mount_point=IN_IMAGE)
+    source = Path(bundle_fill.__file__).read_text()
+    return [*inside.python_argv(), "-c", source, IN_IMAGE, cache, digest], inside.env()
+
+
+def tree_digest(bundle: ExecdBundle) -> str:
+    """The bundle's content digest (``bundle_fill.tree_digest``), kept beside the bundle:
+    hashing ~120 MB takes seconds on a loaded machine, once per bundle."""
+    kept = bundle.path.with_name(bundle.path.name + ".tree-sha256")
+    with contextlib.suppress(OSError):
+        value = kept.read_text().strip()
+        if len(value) == 64:
+            return value
+    value = bundle_fill.tree_digest(str(bundle.path))
+    temp = kept.with_name(f"{kept.name}.{os.getpid()}")
+    temp.write_text(value + "\n")
+    os.replace(temp, kept)
+    return value

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,11 @@ ANNOTATION_EXTENSIONS = "sandlot.io/extensions"
 NAME_PREFIX = "sandlot-"
 SANDBOX_CONTAINER = "sandbox"
 BUNDLE_VOLUME = "sandlot-execd"
+CACHE_VOLUME = "sandlot-execd-cache"  # node-cache: the node's cache root, init container only
+CACHE_MOUNT = "/sandlot-cache"
+INIT_COPY = "sandlot-execd-installer"
+INIT_FILL = "sandlot-execd-cache"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 RUN_VOLUME = "sandlot-run"
 RUN_DIR = "/run/sandlot"
 ENTRYPOINT_LOG = f"{RUN_DIR}/entrypoint.log"
@@ -82,6 +88,15 @@ class PodPlan:
     warm_pool_images: tuple[str, ...] = ()  # [runtime] warm_pool_images
     default_limits: tuple[tuple[str, str], ...] = ()  # [runtime] default_resources
     default_disk: str | None = None  # [runtime] default_ephemeral_storage
+    bundle_digest: str | None = None  # execd_delivery = "node-cache": the cache entry's name
+
+    @property
+    def node_cache(self) -> bool:
+        return self.cfg.execd_delivery == "node-cache"
+
+    def cache_entry(self) -> str:
+        assert self.bundle_digest is not None
+        return f"{self.cfg.node_cache_dir.rstrip('/')}/{self.bundle_digest}"
 
     def sandbox_labels(self, sandbox_id: str) -> dict[str, str]:
         return {LABEL_MANAGED: MANAGED_BY, LABEL_OWNER: self.owner, LABEL_SANDBOX: sandbox_id}
@@ -151,25 +166,56 @@ class PodPlan:
         }
 
     def init_container(self) -> dict[str, Any]:
-        argv, env = bundle_image.copy_command(self.bundle.mount_point)
+        """Copy mode: copy the bundle into the Pod's emptyDir. Node-cache mode: fill or
+        verify the node's entry (the only container that mounts the cache writable)."""
+        if self.node_cache:
+            assert self.bundle_digest is not None
+            name = INIT_FILL
+            argv, env = bundle_image.fill_command(CACHE_MOUNT, self.bundle_digest)
+            mounts = [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT}]
+        else:
+            name = INIT_COPY
+            argv, env = bundle_image.copy_command(self.bundle.mount_point)
+            mounts = [{"name": BUNDLE_VOLUME, "mountPath": self.bundle.mount_point}]
         resources = {k: dict(v) for k, v in self.cfg.execd_init_resources.items()}
         return {
-            "name": "sandlot-execd-installer",
+            "name": name,
             "image": self.bundle_image,
             "imagePullPolicy": self.cfg.bundle_image_pull_policy,
             "command": argv,
             "env": [{"name": k, "value": v} for k, v in env.items()],
-            "volumeMounts": [{"name": BUNDLE_VOLUME, "mountPath": self.bundle.mount_point}],
+            "volumeMounts": mounts,
             "securityContext": {**self.security_context(), "readOnlyRootFilesystem": True},
             **({"resources": resources} if resources else {}),
         }
 
-    def pod(self, spec: SandboxSpec, *, pull_secret: bool = False,
-            pooled: bool = False) -> dict[str, Any]:
-        """The Pod manifest of ``spec`` (``pooled``: a warm Pod, claimed later)."""
-        check_id(spec.sandbox_id)
+    def bundle_volumes(self, cached_on: tuple[str, ...] | None) -> list[dict[str, Any]]:
+        """The bundle's volume (and, while the node may lack the entry, the cache root).
+
+        The entry's hostPath has no ``type``: the kubelet checks a typed path before the
+        init container could create it; an entry that went missing is made empty by the
+        runtime, execd fails to start, and the next fill replaces it."""
+        if not self.node_cache:
+            return [{"name": BUNDLE_VOLUME, "emptyDir": {}}]
         volumes: list[dict[str, Any]] = [
-            {"name": BUNDLE_VOLUME, "emptyDir": {}},
+            {"name": BUNDLE_VOLUME, "hostPath": {"path": self.cache_entry()}}]
+        if cached_on is None:
+            volumes.append({"name": CACHE_VOLUME, "hostPath": {
+                "path": self.cfg.node_cache_dir, "type": "DirectoryOrCreate"}})
+        return volumes
+
+    def pod(self, spec: SandboxSpec, *, pull_secret: bool = False, pooled: bool = False,
+            cached_on: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """The Pod manifest of ``spec`` (``pooled``: a warm Pod, claimed later).
+
+        ``cached_on`` (node-cache mode): the nodes known to hold a verified cache entry;
+        the Pod is bound to them and has no init container. None: the init container fills
+        or verifies the entry on whichever node the Pod lands."""
+        check_id(spec.sandbox_id)
+        if self.node_cache:
+            self.check_cache_not_exposed(spec.volumes)
+        volumes: list[dict[str, Any]] = [
+            *self.bundle_volumes(cached_on),
             {"name": RUN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
         ]
         mounts: list[dict[str, Any]] = [
@@ -198,7 +244,7 @@ class PodPlan:
             "enableServiceLinks": False,
             "hostname": spec.sandbox_id[:63],
             "terminationGracePeriodSeconds": self.cfg.termination_grace_period_seconds,
-            "initContainers": [self.init_container()],
+            "initContainers": [] if cached_on is not None else [self.init_container()],
             "containers": [container],
             "volumes": volumes,
             "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
@@ -209,6 +255,11 @@ class PodPlan:
             pod_spec["runtimeClassName"] = self.runtime_class
         if self.cfg.node_selector:
             pod_spec["nodeSelector"] = dict(self.cfg.node_selector)
+        if cached_on is not None:
+            pod_spec["affinity"] = {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "In",
+                                           "values": list(cached_on)}]}]}}}
         if self.cfg.tolerations:
             pod_spec["tolerations"] = [dict(t) for t in self.cfg.tolerations]
         pull = [{"name": s} for s in self.cfg.image_pull_secrets]
@@ -227,6 +278,19 @@ class PodPlan:
                          "annotations": annotations},
             "spec": pod_spec,
         }
+
+    def check_cache_not_exposed(self, volumes: list[VolumeSpec]) -> None:
+        """A host volume must not reach the node cache: a sandbox that could write there
+        would change what every later sandbox on the node executes."""
+        cache = self.cfg.node_cache_dir.rstrip("/") + "/"
+        for vol in volumes:
+            if vol.kind != "host":
+                continue
+            source = posixpath.normpath(vol.source).rstrip("/") + "/"
+            if source.startswith(cache) or cache.startswith(source):
+                raise InvalidRequest(
+                    f"volume {vol.name!r}: host path {vol.source} overlaps the execd node "
+                    f"cache {self.cfg.node_cache_dir} ([kubernetes] node_cache_dir)")
 
     def token_secret(self, spec: SandboxSpec) -> dict[str, Any]:
         assert spec.execd_token is not None

@@ -56,6 +56,7 @@ from sandlot.runtime.execd_bundle import ensure_bundle
 from sandlot.runtime.kubernetes import bundle_image, netpolicy, podstatus
 from sandlot.runtime.kubernetes.apierror import explain
 from sandlot.runtime.kubernetes.egress import PodEgress
+from sandlot.runtime.kubernetes.node_cache import NodeCache
 from sandlot.runtime.kubernetes.pod import (
     ANNOTATION_EXTENSIONS,
     ANNOTATION_METADATA,
@@ -133,6 +134,8 @@ class KubernetesRuntime(Runtime):
         # pool's name)
         self.keepers: dict[str, WarmKeeper] = {}
         self.full_cfg = full
+        # node-cache: nodes where a fill init container of this bundle succeeded
+        self.node_cache = NodeCache(self.core, plan) if plan.node_cache else None
         # egress policies: the DNS filter and NetworkPolicies ([kubernetes] dns_filter_*)
         self.egress: PodEgress | None = None
         if full is not None and netpolicy.filter_configured(full):
@@ -155,13 +158,16 @@ class KubernetesRuntime(Runtime):
             runtime_class = await _runtime_class(api, cfg)
             cfg.data_dir.mkdir(parents=True, exist_ok=True)
             bundle = await asyncio.to_thread(ensure_bundle, cfg.data_dir / "execd-bundle")
+            digest = await asyncio.to_thread(bundle_image.tree_digest, bundle) \
+                if kcfg.execd_delivery == "node-cache" else None
             plan = PodPlan(cfg=kcfg, bundle=bundle,
                            bundle_image=kcfg.execd_bundle_image or bundle_image.image_name(bundle),
                            owner=kcfg.owner or datadir.owner_id(cfg.data_dir, "kubernetes-owner"),
                            execd_port=cfg.execd.port, runtime_class=runtime_class,
                            warm_pool_images=tuple(cfg.runtime.warm_pool_images),
                            default_limits=tuple(sorted(cfg.runtime.default_resources.items())),
-                           default_disk=cfg.runtime.default_ephemeral_storage)
+                           default_disk=cfg.runtime.default_ephemeral_storage,
+                           bundle_digest=digest)
             rt = cls(api, plan, cfg)
             await rt.pods.start()
             for pod in list(rt.pods.pods.values()):
@@ -237,8 +243,9 @@ class KubernetesRuntime(Runtime):
         for secret in secrets:
             body: Any = secret  # the client sends plain manifests as they are
             await self.core.create_namespaced_secret(self.namespace, body)
+        cached_on = await self.node_cache.bound_nodes() if self.node_cache is not None else None
         manifest: Any = self.plan.pod(spec, pull_secret=spec.image.auth is not None,
-                                      pooled=pooled)
+                                      pooled=pooled, cached_on=cached_on)
         if self.egress is not None:
             fields, annotations = self.egress.pod_fields(
                 None if spec.network_policy is None else coerce(spec.network_policy))
@@ -250,6 +257,10 @@ class KubernetesRuntime(Runtime):
             *([self.egress.own(spec.sandbox_id, created)] if self.egress is not None else []))
         try:
             pod = await self._wait_running(spec, created.metadata.name)
+        except BaseException:
+            if cached_on is not None and self.node_cache is not None:
+                self.node_cache.forget(self.pods.pods.get(created.metadata.name))
+            raise
         finally:
             await owned
         self._ips[spec.sandbox_id] = pod.status.pod_ip
@@ -632,6 +643,8 @@ class KubernetesRuntime(Runtime):
         sandbox is at which Pod IP (for the DNS filter)."""
         labels = pod.metadata.labels or {}
         sandbox_id = labels.get(LABEL_SANDBOX)
+        if self.node_cache is not None and kind != "DELETED":
+            self.node_cache.note(pod)
         if self.egress is not None:
             self.egress.note(kind, None if LABEL_WARM in labels else sandbox_id, pod)
         if (kind != "DELETED" and sandbox_id and LABEL_WARM not in labels
