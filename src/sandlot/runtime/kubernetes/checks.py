@@ -73,6 +73,8 @@ async def cluster_findings(cfg: Config) -> list[Finding]:
             f"permissions in namespace {kcfg.namespace}", not missing,
             "all the runtime needs" if not missing else "missing: " + ", ".join(missing),
             "" if not missing else "bind the Role of deploy/kubernetes/rbac.yaml"))
+        if kcfg.execd_delivery == "node-cache":
+            found.append(await _node_cache_finding(auth, kcfg.node_cache_dir))
         # What egress policies guarantee here (informational: every answer is a valid set-up).
         found.append(Finding("egress policies", True, netpolicy.guarantees(cfg)))
         runtime_class = cfg.secure_runtime.k8s_runtime_class
@@ -86,3 +88,21 @@ async def cluster_findings(cfg: Config) -> list[Finding]:
         return found
     finally:
         await api.close()
+
+
+async def _node_cache_finding(auth: client.AuthorizationV1Api, cache_dir: str) -> Finding:
+    """execd_delivery = "node-cache": Pods mount a hostPath (refused by Pod Security
+    "baseline"/"restricted" namespaces; the create then says so), and skip the init container
+    only when sandlot may list the nodes (cluster-wide ``list nodes``)."""
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+              "spec": {"resourceAttributes": {"verb": "list", "resource": "nodes"}}}
+    body: object = review
+    answer = await auth.create_self_subject_access_review(body)  # type: ignore[arg-type]
+    if answer.status.allowed:
+        return Finding("execd node cache", True,
+                       f"hostPath {cache_dir} on each node; Pods on nodes holding the entry "
+                       "start without an init container")
+    return Finding("execd node cache", False,
+                   f"hostPath {cache_dir}, but this account may not list nodes: every Pod "
+                   "keeps the init container (it only verifies the entry)",
+                   "grant list on nodes (a ClusterRole), or use execd_delivery = \"copy\"")

@@ -2,7 +2,9 @@
 hardening, labels.
 
 One Pod per sandbox, named ``sandlot-<sandbox id>``. Its init container copies the execd
-bundle from the bundle image (``bundle_image``) into an ``emptyDir``; the sandbox container
+bundle from the bundle image (``bundle_image``) into an ``emptyDir``, or (``node-cache``)
+fills/verifies the node's read-only hostPath entry, or there is none when the Pod is bound
+to nodes known to hold the entry (``node_cache``); the sandbox container
 runs the user's image with execd as its command and the user's entrypoint after ``--``,
 exactly as on the other backends. execd's access token travels in a Secret of the Pod's
 own (never in the Pod spec, which anyone allowed to list Pods can read); registry

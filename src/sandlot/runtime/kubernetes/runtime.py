@@ -8,7 +8,8 @@ re-adopts them from the cluster alone and never touches anyone else's Pods. One 
 (``watcher``) follows them: creates wait on it, and Pods deleted, evicted or failed behind
 sandlot's back are reported from it with the Pod status's reason.
 
-execd comes from sandlot's bundle image through an init container (``bundle_image``); the
+execd comes from sandlot's bundle image through an init container (``bundle_image``), or
+from a verified per-node cache entry (``node_cache``, ``[kubernetes] execd_delivery``); the
 server reaches execd and any other port through ``connect``: the Pod's IP where Pod
 addresses route (``connect_mode = "pod-ip"``), else the API server's port-forward.
 """
@@ -229,8 +230,12 @@ class KubernetesRuntime(Runtime):
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._remove(spec.sandbox_id))
                 if isinstance(exc, ApiException):
+                    hint = ""
+                    if self.plan.node_cache and "hostPath" in str(exc.body or ""):
+                        hint = ('; [kubernetes] execd_delivery = "node-cache" mounts a hostPath '
+                                'volume, which this namespace\'s policy refuses: use "copy"')
                     raise RuntimeFailure(f"the cluster refused sandbox {spec.sandbox_id}: "
-                                         f"{explain(exc)}") from exc
+                                         f"{explain(exc)}{hint}") from exc
                 raise
         return CreateResult(execd_ready=False)
 
