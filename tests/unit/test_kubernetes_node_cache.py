@@ -4,17 +4,21 @@ none when bound to nodes that hold the entry) and the fill itself on a local dir
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from sandlot.config import KubernetesConfig
 from sandlot.errors import InvalidRequest
 from sandlot.runtime.base import ImageRef, SandboxSpec, VolumeSpec
 from sandlot.runtime.execd_bundle import ExecdBundle
 from sandlot.runtime.kubernetes import bundle_fill
+from sandlot.runtime.kubernetes.node_cache import NodeCache
 from sandlot.runtime.kubernetes.pod import PodPlan
 
 DIGEST = "ab" * 32
@@ -138,3 +142,62 @@ def test_a_bundle_that_does_not_match_its_digest_is_not_installed(tmp_path: Path
     with pytest.raises(SystemExit, match="expected"):
         bundle_fill.fill(str(src), str(cache), "cd" * 32)
     assert list(cache.iterdir()) == []
+
+
+class _Core:
+    """list_node of a cluster whose nodes are given (a fake beside the kit test)."""
+
+    def __init__(self, nodes: list[SimpleNamespace], status: int | None = None) -> None:
+        self.nodes = nodes
+        self.status = status
+        self.calls = 0
+
+    async def list_node(self, label_selector: str = "") -> SimpleNamespace:
+        self.calls += 1
+        if self.status is not None:
+            raise ApiException(status=self.status, reason="Forbidden")
+        return SimpleNamespace(items=self.nodes)
+
+
+def _node(name: str, ready: bool = True, taint: str | None = None) -> SimpleNamespace:
+    return SimpleNamespace(
+        metadata=SimpleNamespace(name=name),
+        spec=SimpleNamespace(unschedulable=False,
+                             taints=[SimpleNamespace(effect=taint)] if taint else None),
+        status=SimpleNamespace(conditions=[SimpleNamespace(type="Ready",
+                                                           status=str(ready))]))
+
+
+def _filled_pod(node: str, path: str, exit_code: int = 0) -> SimpleNamespace:
+    done = SimpleNamespace(exit_code=exit_code)
+    return SimpleNamespace(
+        spec=SimpleNamespace(node_name=node, volumes=[SimpleNamespace(
+            name="sandlot-execd", host_path=SimpleNamespace(path=path))]),
+        status=SimpleNamespace(init_container_statuses=[SimpleNamespace(
+            name="sandlot-execd-cache", state=SimpleNamespace(terminated=done))]))
+
+
+def test_pods_skip_the_init_container_only_when_every_eligible_node_holds_the_entry() -> None:
+    p = plan()
+    core = _Core([_node("a"), _node("b"), _node("down", ready=False),
+                  _node("tainted", taint="NoSchedule")])
+    cache = NodeCache(core, p)  # type: ignore[arg-type]
+    entry = p.cache_entry()
+    cache.note(_filled_pod("a", entry))
+    cache.note(_filled_pod("b", entry, exit_code=1))  # a failed fill proves nothing
+    cache.note(_filled_pod("b", "/elsewhere/" + DIGEST))  # another bundle's entry
+    assert asyncio.run(cache.bound_nodes()) is None  # b is not known to hold it
+    cache.note(_filled_pod("b", entry))
+    assert asyncio.run(cache.bound_nodes()) == ("a", "b")
+    cache.forget(_filled_pod("b", entry))
+    assert asyncio.run(cache.bound_nodes()) is None
+
+
+def test_a_server_that_may_not_list_nodes_keeps_the_init_container() -> None:
+    p = plan()
+    core = _Core([], status=403)
+    cache = NodeCache(core, p)  # type: ignore[arg-type]
+    cache.note(_filled_pod("a", p.cache_entry()))
+    assert asyncio.run(cache.bound_nodes()) is None
+    assert asyncio.run(cache.bound_nodes()) is None
+    assert core.calls == 1  # asked once, not at every create
