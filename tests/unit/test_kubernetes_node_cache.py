@@ -21,14 +21,14 @@ from sandlot.runtime.kubernetes import bundle_fill
 from sandlot.runtime.kubernetes.node_cache import NodeCache
 from sandlot.runtime.kubernetes.pod import PodPlan
 
-DIGEST = "ab" * 32
+NAME = "ab" * 16
 
 
 def plan(**cfg: object) -> PodPlan:
     return PodPlan(cfg=KubernetesConfig.model_validate(
         {"execd_delivery": "node-cache", "node_cache_dir": "/var/lib/sl-cache", **cfg}),
         bundle=ExecdBundle(Path("/b")), bundle_image="sandlot.local/execd-bundle:abc",
-        owner="o1", execd_port=44772, bundle_digest=DIGEST)
+        owner="o1", execd_port=44772, cache_name=NAME)
 
 
 def spec(**kw: object) -> SandboxSpec:
@@ -45,13 +45,13 @@ def test_unknown_node_gets_the_fill_init_container_with_the_only_writable_cache_
     pod = plan().pod(spec())
     init = pod["spec"]["initContainers"][0]
     assert init["name"] == "sandlot-execd-cache"
-    assert init["command"][-2:] == ["/sandlot-cache", DIGEST]
+    assert init["command"][-2:] == ["/sandlot-cache", NAME]
     assert init["volumeMounts"] == [{"name": "sandlot-execd-cache",
                                      "mountPath": "/sandlot-cache"}]
     vols = volumes(pod)
     assert vols["sandlot-execd-cache"]["hostPath"] == {"path": "/var/lib/sl-cache",
                                                        "type": "DirectoryOrCreate"}
-    assert vols["sandlot-execd"]["hostPath"] == {"path": f"/var/lib/sl-cache/{DIGEST}"}
+    assert vols["sandlot-execd"]["hostPath"] == {"path": f"/var/lib/sl-cache/{NAME}"}
     main = pod["spec"]["containers"][0]
     bundle = [m for m in main["volumeMounts"] if m["name"] == "sandlot-execd"]
     assert bundle == [{"name": "sandlot-execd", "mountPath": "/opt/sandlot", "readOnly": True}]
@@ -102,13 +102,13 @@ def test_fill_is_verified_read_only_then_only_verified(tmp_path: Path) -> None:
     digest = bundle_fill.tree_digest(str(src))
     cache = tmp_path / "cache"
     cache.mkdir()
-    assert bundle_fill.fill(str(src), str(cache), digest) == "filled"
-    entry = cache / digest
+    assert bundle_fill.fill(str(src), str(cache), NAME) == "filled"
+    entry = cache / NAME
     assert bundle_fill.tree_digest(str(entry)) == digest
     assert not stat.S_IMODE(os.stat(entry / "lib" / "a.py").st_mode) & 0o222
     assert not stat.S_IMODE(os.stat(entry / "lib").st_mode) & 0o222
-    assert sorted(p.name for p in cache.iterdir()) == [digest]  # no temporary left
-    assert bundle_fill.fill(str(src), str(cache), digest) == "verified"
+    assert sorted(p.name for p in cache.iterdir()) == [NAME]  # no temporary left
+    assert bundle_fill.fill(str(src), str(cache), NAME) == "verified"
 
 
 @pytest.mark.parametrize("damage", ["tampered", "partial", "extra", "file"])
@@ -117,11 +117,11 @@ def test_a_damaged_entry_is_replaced_not_used(tmp_path: Path, damage: str) -> No
     digest = bundle_fill.tree_digest(str(src))
     cache = tmp_path / "cache"
     cache.mkdir()
-    entry = cache / digest
+    entry = cache / NAME
     if damage == "file":
         entry.write_text("not a directory")
     else:
-        bundle_fill.fill(str(src), str(cache), digest)
+        bundle_fill.fill(str(src), str(cache), NAME)
         bundle_fill._writable(str(entry))
         if damage == "tampered":
             (entry / "lib" / "a.py").write_text("print('evil')\n")
@@ -129,19 +129,23 @@ def test_a_damaged_entry_is_replaced_not_used(tmp_path: Path, damage: str) -> No
             (entry / "bin" / "python3").unlink()
         else:
             (entry / "lib" / "sitecustomize.py").write_text("import evil\n")
-    assert bundle_fill.fill(str(src), str(cache), digest) == "filled"
+    assert bundle_fill.fill(str(src), str(cache), NAME) == "filled"
     assert (entry / "lib" / "a.py").read_text() == "print('a')\n"
     assert bundle_fill.tree_digest(str(entry)) == digest
-    assert sorted(p.name for p in cache.iterdir()) == [digest]
+    assert sorted(p.name for p in cache.iterdir()) == [NAME]
 
 
-def test_a_bundle_that_does_not_match_its_digest_is_not_installed(tmp_path: Path) -> None:
-    src = _bundle(tmp_path)
+def test_an_entry_of_another_build_is_replaced_by_the_images(tmp_path: Path) -> None:
+    """The image is the reference, not whatever a node holds under the name."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    _bundle(old)
+    _bundle(new)
+    (new / "src" / "lib" / "a.py").write_text("print('new build')\n")
     cache = tmp_path / "cache"
     cache.mkdir()
-    with pytest.raises(SystemExit, match="expected"):
-        bundle_fill.fill(str(src), str(cache), "cd" * 32)
-    assert list(cache.iterdir()) == []
+    bundle_fill.fill(str(old / "src"), str(cache), NAME)
+    assert bundle_fill.fill(str(new / "src"), str(cache), NAME) == "filled"
+    assert (cache / NAME / "lib" / "a.py").read_text() == "print('new build')\n"
 
 
 class _Core:
@@ -185,7 +189,7 @@ def test_pods_skip_the_init_container_only_when_every_eligible_node_holds_the_en
     entry = p.cache_entry()
     cache.note(_filled_pod("a", entry))
     cache.note(_filled_pod("b", entry, exit_code=1))  # a failed fill proves nothing
-    cache.note(_filled_pod("b", "/elsewhere/" + DIGEST))  # another bundle's entry
+    cache.note(_filled_pod("b", "/elsewhere/" + NAME))  # another bundle's entry
     assert asyncio.run(cache.bound_nodes()) is None  # b is not known to hold it
     cache.note(_filled_pod("b", entry))
     assert asyncio.run(cache.bound_nodes()) == ("a", "b")

@@ -1,11 +1,12 @@
 """Fill and check a node's execd bundle cache (``[kubernetes] execd_delivery = "node-cache"``).
 
 Standard library only: the init container runs this file's source with the bundle image's
-own interpreter (``python -c``), and the server imports it to compute the digest it
-expects. An entry ``<cache>/<digest>`` is only ever made by a rename of a fully copied,
-verified, read-only temporary directory, so a Pod never sees a half-filled entry; an
-entry whose content does not hash to its name (damaged, tampered, made by hand) is moved
-aside and filled again.
+own interpreter (``python -c``). An entry ``<cache>/<name>`` (the name is the server's, one
+per bundle image) is only ever made by a rename of a fully copied, verified, read-only
+temporary directory, so a Pod never sees a half-filled entry; an entry whose content does not
+hash the same as the image's bundle (damaged, tampered, made by hand, of another build) is
+moved aside and filled again. The image is the reference: the server's own bundle may be
+another build of the same code (compiled bytecode differs), so it never supplies the digest.
 """
 
 from __future__ import annotations
@@ -66,9 +67,10 @@ def _read_only(top: str) -> None:
         os.chmod(here, 0o555)
 
 
-def fill(source: str, cache: str, digest: str) -> str:
-    """Make sure ``cache/digest`` holds a verified copy of ``source``; what was done."""
-    entry = os.path.join(cache, digest)
+def fill(source: str, cache: str, name: str) -> str:
+    """Make sure ``cache/name`` holds a verified copy of ``source``; what was done."""
+    digest = tree_digest(source)
+    entry = os.path.join(cache, name)
     if os.path.isdir(entry) and not os.path.islink(entry):
         if tree_digest(entry) == digest:
             return "verified"
@@ -83,7 +85,7 @@ def fill(source: str, cache: str, digest: str) -> str:
         _read_only(temp)
         got = tree_digest(temp)
         if got != digest:
-            raise SystemExit(f"the bundle image's content hashes to {got}, expected {digest}")
+            raise SystemExit(f"the copy of the bundle hashes to {got}, the image's to {digest}")
         try:
             os.rename(temp, entry)
         except OSError:  # another Pod's init container renamed its copy first

@@ -12,8 +12,7 @@ stale execd.
 
 from __future__ import annotations
 
-import contextlib
-import os
+import hashlib
 from pathlib import Path
 
 from sandlot.runtime.execd_bundle import ExecdBundle
@@ -44,24 +43,16 @@ def copy_command(target: str) -> tuple[list[str], dict[str, str]]:
     return [*inside.python_argv(), "-c", _COPY, IN_IMAGE, target], inside.env()
 
 
-def fill_command(cache: str, digest: str) -> tuple[list[str], dict[str, str]]:
+def fill_command(cache: str, name: str) -> tuple[list[str], dict[str, str]]:
     """argv and environment of the init container that fills (or verifies) a node's
-    cache entry ``cache/digest`` from the image (``bundle_fill``, run as source)."""
+    cache entry ``cache/name`` from the image (``bundle_fill``, run as source)."""
     inside = ExecdBundle(Path(IN_IMAGE), mount_point=IN_IMAGE)
     source = Path(bundle_fill.__file__).read_text()
-    return [*inside.python_argv(), "-c", source, IN_IMAGE, cache, digest], inside.env()
+    return [*inside.python_argv(), "-c", source, IN_IMAGE, cache, name], inside.env()
 
 
-def tree_digest(bundle: ExecdBundle) -> str:
-    """The bundle's content digest (``bundle_fill.tree_digest``), kept beside the bundle:
-    hashing ~120 MB takes seconds on a loaded machine, once per bundle."""
-    kept = bundle.path.with_name(bundle.path.name + ".tree-sha256")
-    with contextlib.suppress(OSError):
-        value = kept.read_text().strip()
-        if len(value) == 64:
-            return value
-    value = bundle_fill.tree_digest(str(bundle.path))
-    temp = kept.with_name(f"{kept.name}.{os.getpid()}")
-    temp.write_text(value + "\n")
-    os.replace(temp, kept)
-    return value
+
+def cache_name(image: str) -> str:
+    """The node-cache entry of a bundle image: one per image reference (the fill verifies
+    the entry against the image's own content, whatever the tag)."""
+    return hashlib.sha256(image.encode()).hexdigest()[:32]

@@ -90,15 +90,15 @@ class PodPlan:
     warm_pool_images: tuple[str, ...] = ()  # [runtime] warm_pool_images
     default_limits: tuple[tuple[str, str], ...] = ()  # [runtime] default_resources
     default_disk: str | None = None  # [runtime] default_ephemeral_storage
-    bundle_digest: str | None = None  # execd_delivery = "node-cache": the cache entry's name
+    cache_name: str | None = None  # execd_delivery = "node-cache": the cache entry's name
 
     @property
     def node_cache(self) -> bool:
         return self.cfg.execd_delivery == "node-cache"
 
     def cache_entry(self) -> str:
-        assert self.bundle_digest is not None
-        return f"{self.cfg.node_cache_dir.rstrip('/')}/{self.bundle_digest}"
+        assert self.cache_name is not None
+        return f"{self.cfg.node_cache_dir.rstrip('/')}/{self.cache_name}"
 
     def sandbox_labels(self, sandbox_id: str) -> dict[str, str]:
         return {LABEL_MANAGED: MANAGED_BY, LABEL_OWNER: self.owner, LABEL_SANDBOX: sandbox_id}
@@ -171,9 +171,9 @@ class PodPlan:
         """Copy mode: copy the bundle into the Pod's emptyDir. Node-cache mode: fill or
         verify the node's entry (the only container that mounts the cache writable)."""
         if self.node_cache:
-            assert self.bundle_digest is not None
+            assert self.cache_name is not None
             name = INIT_FILL
-            argv, env = bundle_image.fill_command(CACHE_MOUNT, self.bundle_digest)
+            argv, env = bundle_image.fill_command(CACHE_MOUNT, self.cache_name)
             mounts = [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT}]
         else:
             name = INIT_COPY

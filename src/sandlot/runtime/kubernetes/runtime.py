@@ -159,16 +159,15 @@ class KubernetesRuntime(Runtime):
             runtime_class = await _runtime_class(api, cfg)
             cfg.data_dir.mkdir(parents=True, exist_ok=True)
             bundle = await asyncio.to_thread(ensure_bundle, cfg.data_dir / "execd-bundle")
-            digest = await asyncio.to_thread(bundle_image.tree_digest, bundle) \
-                if kcfg.execd_delivery == "node-cache" else None
-            plan = PodPlan(cfg=kcfg, bundle=bundle,
-                           bundle_image=kcfg.execd_bundle_image or bundle_image.image_name(bundle),
+            image = kcfg.execd_bundle_image or bundle_image.image_name(bundle)
+            plan = PodPlan(cfg=kcfg, bundle=bundle, bundle_image=image,
                            owner=kcfg.owner or datadir.owner_id(cfg.data_dir, "kubernetes-owner"),
                            execd_port=cfg.execd.port, runtime_class=runtime_class,
                            warm_pool_images=tuple(cfg.runtime.warm_pool_images),
                            default_limits=tuple(sorted(cfg.runtime.default_resources.items())),
                            default_disk=cfg.runtime.default_ephemeral_storage,
-                           bundle_digest=digest)
+                           cache_name=bundle_image.cache_name(image)
+                           if kcfg.execd_delivery == "node-cache" else None)
             rt = cls(api, plan, cfg)
             await rt.pods.start()
             for pod in list(rt.pods.pods.values()):
