@@ -51,7 +51,6 @@ def fill_command(cache: str, name: str) -> tuple[list[str], dict[str, str]]:
     return [*inside.python_argv(), "-c", source, IN_IMAGE, cache, name], inside.env()
 
 
-
 def cache_name(image: str) -> str:
     """The node-cache entry of a bundle image: one per image reference (the fill verifies
     the entry against the image's own content, whatever the tag)."""
