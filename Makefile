@@ -6,13 +6,18 @@ DATA_DIR ?= /var/lib/sandlot
 CONFIG   ?= $(DATA_DIR)/config.toml
 PYTEST_ARGS ?=
 
-.PHONY: deps run image test test-heavy bench lint clean console
+.PHONY: deps run image test test-heavy bench lint clean console server-image
 
 deps:
 	@scripts/install-deps.sh
 
 image: deps
 	@$(SANDLOT) image build base --data-dir $(DATA_DIR) --if-missing
+
+# The images of deploy/kubernetes/ (server, execd bundle, PostgreSQL) as docker-archives, built
+# from Debian packages and this checkout without Docker (docs/runtime-kubernetes.md).
+server-image: deps
+	$(PY) scripts/build-server-image.py
 
 run: image
 	@test -f $(CONFIG) || $(SANDLOT) init-config $(CONFIG)

@@ -20,6 +20,8 @@ from sandlot.config_audit import audit
 DEFAULT_DATA_DIR = Path("/var/lib/sandlot")
 API_KEY_ENV = "OPENSANDBOX_SERVER_API_KEY"
 NETWORK_MODE_ENV = "SANDLOT_NETWORK_MODE"
+# [store] url from the environment (a Kubernetes Secret's DSN; deploy/kubernetes/)
+STORE_URL_ENV = "SANDLOT_STORE_URL"
 
 
 class _Section(BaseModel):
@@ -381,7 +383,8 @@ class Config(_Section):
         """Read ``path`` (if given), audit its keys, then apply the environment's API key.
 
         ``OPENSANDBOX_SERVER_API_KEY``, when set, takes precedence over the file (as in
-        OpenSandbox); set but empty, it clears the key.
+        OpenSandbox); set but empty, it clears the key. ``SANDLOT_STORE_URL``, when set and
+        not empty, takes precedence over ``[store] url``.
         """
         raw: dict = {}
         if path is not None:
@@ -392,6 +395,8 @@ class Config(_Section):
         cfg._warnings, cfg._refusals = found.warnings, found.refusals
         if API_KEY_ENV in os.environ:
             cfg.server.api_key = os.environ[API_KEY_ENV] or None
+        if os.environ.get(STORE_URL_ENV):
+            cfg.store.url = os.environ[STORE_URL_ENV]
         return cfg
 
     def warnings(self) -> list[str]:

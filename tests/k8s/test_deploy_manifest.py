@@ -17,11 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.k8s.deploy_manifest import manifests
 from tests.k8s_cluster import Cluster
 
 pytestmark = pytest.mark.timeout(300)
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
-KIT_CLUSTER_IP = "198.18.0.53"  # in the kit's Service range 198.18.0.0/24
 
 
 @pytest.fixture
@@ -36,25 +35,6 @@ def namespaces(k8s_cluster: Cluster) -> Iterator[dict[str, str]]:
         for ns in names.values():
             k8s_cluster.kubectl("delete", "namespace", ns, "--wait=false", namespaced=False,
                                 check=False)
-
-
-def _renamed(doc: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
-    meta = doc["metadata"]
-    if doc["kind"] == "Namespace":
-        meta["name"] = names[meta["name"]]
-    if "namespace" in meta:
-        meta["namespace"] = names[meta["namespace"]]
-    for subject in doc.get("subjects", []):
-        if "namespace" in subject:
-            subject["namespace"] = names[subject["namespace"]]
-    if doc["kind"] == "Service" and "clusterIP" in doc["spec"]:
-        doc["spec"]["clusterIP"] = KIT_CLUSTER_IP
-    return doc
-
-
-def manifests(names: dict[str, str]) -> list[dict[str, Any]]:
-    return [_renamed(d, names) for f in sorted(DEPLOY.glob("*.yaml"))
-            for d in yaml.safe_load_all(f.read_text()) if d]
 
 
 def dry_run(cluster: Cluster, docs: list[dict[str, Any]], tmp_path: Path) -> Any:

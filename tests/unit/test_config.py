@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from sandlot.cli.main import main
-from sandlot.config import API_KEY_ENV, Config
+from sandlot.config import API_KEY_ENV, STORE_URL_ENV, Config
 from sandlot.runtime.registry import UnknownRuntime, known_runtimes, runtime_class
 from sandlot.server.main import StartupRefused, check_config
 
@@ -40,6 +40,18 @@ def test_environment_key_wins_over_the_file(
     assert Config.load(cfg_file).server.api_key == "from-env"
     monkeypatch.delenv(API_KEY_ENV)
     assert Config.load(cfg_file).server.api_key == "from-file"
+
+
+def test_store_url_from_environment_wins_over_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deployment manifest hands the PostgreSQL DSN over from a Secret this way."""
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text('[store]\nurl = "sqlite"\n')
+    monkeypatch.setenv(STORE_URL_ENV, "postgresql+asyncpg://u:p@db:5432/s")
+    assert Config.load(cfg_file).store_url == "postgresql+asyncpg://u:p@db:5432/s"
+    monkeypatch.setenv(STORE_URL_ENV, "")  # empty: the file's
+    assert Config.load(cfg_file).store_url.startswith("sqlite+aiosqlite:///")
 
 
 def _load(tmp_path: Path, text: str) -> Config:

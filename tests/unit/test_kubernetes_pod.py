@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sandlot.config import Config, KubernetesConfig
+from sandlot.config import STORE_URL_ENV, Config, KubernetesConfig
 from sandlot.errors import InvalidRequest, Unsupported
 from sandlot.images.model import RegistryAuth
 from sandlot.runtime.base import ImageRef, SandboxSpec, VolumeSpec
@@ -123,7 +123,9 @@ def test_upstream_kubernetes_keys_load_and_inapplicable_ones_are_warned(tmp_path
     assert cfg.refusals() == []
 
 
-def test_deployment_manifest_parses_and_its_config_loads(tmp_path: Path) -> None:
+def test_deployment_manifest_parses_and_its_config_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     docs = [d for f in sorted(DEPLOY.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())]
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "Service", "Role", "RoleBinding", "StatefulSet"} <= kinds
@@ -131,9 +133,16 @@ def test_deployment_manifest_parses_and_its_config_loads(tmp_path: Path) -> None
                   and d["metadata"]["name"] == "sandlot-secrets")
     path = tmp_path / "sandlot.toml"
     path.write_text(secret["stringData"]["sandlot.toml"])
+    # the store's DSN comes from the Secret sandlot-postgres, as the Deployment's env says
+    server = next(d for d in docs if d["kind"] == "Deployment")
+    env = {e["name"]: e for e in server["spec"]["template"]["spec"]["containers"][0]["env"]}
+    ref = env[STORE_URL_ENV]["valueFrom"]["secretKeyRef"]
+    db = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == ref["name"])
+    monkeypatch.setenv(STORE_URL_ENV, db["stringData"][ref["key"]])
     cfg = Config.load(path)
     assert cfg.runtime.type == "kubernetes" and cfg.refusals() == []
     assert cfg.store_url.startswith("postgresql+asyncpg://")
+    assert db["stringData"]["POSTGRES_PASSWORD"] in cfg.store_url
     role = next(d for d in docs if d["kind"] == "Role")
     verbs = {r["resources"][0]: set(r["verbs"]) for r in role["rules"]}
     assert {"create", "watch", "delete"} <= verbs["pods"]
