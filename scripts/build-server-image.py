@@ -145,7 +145,8 @@ def build_server(store: ImageStore, out: Path, key: str) -> dict[str, dict[str, 
         shutil.rmtree(rootfs / "tmp" / "bundle-data")
         (rootfs / "etc" / "resolv.conf").write_text("# provided by the cluster\n")
         write_docker_archive(server_tar, server_name, rootfs,
-                             env=[f"PATH={PATH}", "LANG=C.UTF-8"], working_dir="/var/lib/sandlot",
+                             env=[f"PATH={PATH}", "LANG=C.UTF-8", "HOME=/var/lib/sandlot"],
+                             working_dir="/var/lib/sandlot",
                              cmd=["sandlot", "serve", "--config", "/etc/sandlot/sandlot.toml"],
                              layer_writer=gnu_tar_layer)
         shutil.move(work / "bundle.tar", bundle_tar)

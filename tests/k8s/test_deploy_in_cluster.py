@@ -6,13 +6,16 @@ released ``opensandbox`` SDK through the ``sandlot`` Service (``kubectl port-for
 What the kit lacks, and so what this test changes in the shipped manifest: there is no cluster
 DNS, no kube-proxy and no volume provisioner, so the store's DSN names the PostgreSQL Pod's
 address (patched into the Secret once the Pod is Ready), PostgreSQL's data is an ``emptyDir``
-instead of the PersistentVolumeClaim, and the namespaces (and the ClusterRole's name) are the
-test's own. The sandbox's requests are a twentieth of its limits (a 2-core node).
+instead of the PersistentVolumeClaim, the server reaches the API server through a relay on the
+node's address (``api_relay``: ``KUBERNETES_SERVICE_HOST``/``PORT`` and a hostAlias), and the
+namespaces (and the ClusterRole's name) are the test's own. The sandbox's requests are a
+twentieth of its limits (a 2-core node).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import subprocess
@@ -28,6 +31,7 @@ import yaml
 from opensandbox import Sandbox
 from opensandbox.config import ConnectionConfig
 
+from tests.k8s.api_relay import NODE_IP, api_relay
 from tests.k8s.deploy_manifest import KIT_CLUSTER_IP, manifests
 from tests.k8s_cluster import REPO_ROOT, Cluster
 
@@ -53,7 +57,7 @@ def ctr_import(cluster: Cluster, archive: str) -> None:
 
 
 def for_the_kit(docs: list[dict[str, Any]], names: dict[str, str], api_key: str,
-                suffix: str) -> list[dict[str, Any]]:
+                suffix: str, relay_port: int) -> list[dict[str, Any]]:
     """The kit's deviations from the shipped manifest (see the module docstring)."""
     kept = []
     for doc in docs:
@@ -66,6 +70,12 @@ def for_the_kit(docs: list[dict[str, Any]], names: dict[str, str], api_key: str,
             meta["name"] += "-" + suffix
             if kind == "ClusterRoleBinding":
                 doc["roleRef"]["name"] += "-" + suffix
+        if kind == "Deployment":
+            pod = doc["spec"]["template"]["spec"]
+            pod["hostAliases"] = [{"ip": NODE_IP, "hostnames": ["kubernetes.default.svc"]}]
+            pod["containers"][0]["env"] += [
+                {"name": "KUBERNETES_SERVICE_HOST", "value": "kubernetes.default.svc"},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": str(relay_port)}]
         if kind == "Secret" and meta["name"] == "sandlot-secrets":
             data = doc["stringData"]
             data["api-key"] = api_key
@@ -79,20 +89,33 @@ def for_the_kit(docs: list[dict[str, Any]], names: dict[str, str], api_key: str,
     return kept
 
 
-def wait_ready(cluster: Cluster, ns: str, app: str) -> dict[str, Any]:
-    """The Pod of ``app`` once Ready (with its events and logs in the failure message)."""
-    res = cluster.kubectl("wait", "--for=condition=Ready", "pod", "-l", f"app={app}",
-                          "-n", ns, "--timeout=600s", namespaced=False, check=False,
-                          timeout=660)
-    if res.returncode != 0:
-        described = cluster.kubectl("describe", "pods", "-n", ns, "-l", f"app={app}",
-                                    namespaced=False, check=False).stdout
-        logs = cluster.kubectl("logs", "-n", ns, "-l", f"app={app}", "--tail=50",
-                               namespaced=False, check=False).stdout
-        pytest.fail(f"{app} not Ready: {res.stderr}\n{described[-3000:]}\n{logs[-3000:]}")
-    out = cluster.kubectl("get", "pods", "-n", ns, "-l", f"app={app}", "-o", "json",
-                          namespaced=False)
-    return json.loads(out.stdout)["items"][0]  # type: ignore[no-any-return]
+STUCK = {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull",
+         "CreateContainerConfigError", "InvalidImageName"}
+
+
+def wait_ready(cluster: Cluster, ns: str, app: str, timeout: float = 600) -> dict[str, Any]:
+    """The Pod of ``app`` once Ready; fails at once (with its events and logs) when it is
+    stuck, so a broken image does not cost the whole timeout."""
+    deadline = time.monotonic() + timeout
+    problem = "not Ready in time"
+    while time.monotonic() < deadline:
+        out = cluster.kubectl("get", "pods", "-n", ns, "-l", f"app={app}", "-o", "json",
+                              namespaced=False)
+        for pod in json.loads(out.stdout)["items"]:
+            conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+            if conditions.get("Ready") == "True":
+                return pod  # type: ignore[no-any-return]
+            for status in pod["status"].get("containerStatuses", []):
+                reason = status["state"].get("waiting", {}).get("reason")
+                if reason in STUCK:
+                    problem = reason
+                    deadline = 0
+        time.sleep(1)
+    described = cluster.kubectl("describe", "pods", "-n", ns, "-l", f"app={app}",
+                                namespaced=False, check=False).stdout
+    logs = cluster.kubectl("logs", "-n", ns, "-l", f"app={app}", "--tail=50", "--previous",
+                           namespaced=False, check=False)
+    pytest.fail(f"{app}: {problem}\n{described[-3000:]}\n{logs.stdout[-3000:]}{logs.stderr}")
 
 
 def sandbox_pods(cluster: Cluster, ns: str) -> list[str]:
@@ -112,7 +135,9 @@ def deployed(k8s_images: Cluster, images: dict[str, dict[str, str]],
     suffix = secrets.token_hex(3)
     names = {"sandlot": f"sltdep-{suffix}", "sandlot-sandboxes": f"sltdep-{suffix}-sbx"}
     api_key = secrets.token_urlsafe(16)
-    docs = for_the_kit(manifests(names), names, api_key, suffix)
+    relay = contextlib.ExitStack()
+    relay_port = relay.enter_context(api_relay(str(cluster.kubeconfig)))
+    docs = for_the_kit(manifests(names), names, api_key, suffix, relay_port)
     server = [d for d in docs if d["kind"] == "Deployment"]
     rest = [d for d in docs if d["kind"] != "Deployment"]
     manifest = tmp_path / "deploy.yaml"
@@ -134,6 +159,7 @@ def deployed(k8s_images: Cluster, images: dict[str, dict[str, str]],
     finally:
         cluster.kubectl("delete", "-f", str(manifest), "--ignore-not-found", "--wait=true",
                         "--timeout=300s", namespaced=False, check=False, timeout=360)
+        relay.close()
 
 
 def run_a_sandbox(domain: str, api_key: str) -> tuple[str, str]:
