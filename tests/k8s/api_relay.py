@@ -1,11 +1,11 @@
 """A TCP relay from the kit's node address to its API server, for Pods that use the API.
 
 The kit's API server listens on loopback only and the kit has no kube-proxy, so a Pod's
-in-cluster client (``KUBERNETES_SERVICE_HOST``) reaches nothing; this relay listens on the
-node's address (198.18.1.1, routed from the Pod network) and copies bytes to the API server.
-TLS stays end to end: the Pod names the server ``kubernetes.default.svc`` (a hostAlias to the
-node address), a name the kit's certificate carries. Hand-written: socat is not installed and
-the relay is a dozen lines of asyncio.
+in-cluster client (``KUBERNETES_SERVICE_HOST``) reaches nothing; this relay listens on the Pod
+bridge's address on the host (the one address of the host a Pod can route to) and copies bytes
+to the API server. TLS stays end to end: the Pod names the server ``kubernetes.default.svc``
+(a hostAlias to the bridge address), a name the kit's certificate carries. Hand-written:
+socat is not installed and the relay is a dozen lines of asyncio.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from urllib.parse import urlsplit
 
 import yaml
 
-NODE_IP = "198.18.1.1"
-
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     with contextlib.suppress(OSError):
@@ -31,8 +29,8 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 @contextlib.contextmanager
-def api_relay(kubeconfig: str) -> Iterator[int]:
-    """Relay NODE_IP:<port> to the kubeconfig's API server while inside; yields the port."""
+def api_relay(kubeconfig: str, listen_ip: str) -> Iterator[int]:
+    """Relay listen_ip:<port> to the kubeconfig's API server while inside; yields the port."""
     with open(kubeconfig) as fh:
         server = urlsplit(yaml.safe_load(fh)["clusters"][0]["cluster"]["server"])
     loop = asyncio.new_event_loop()
@@ -45,7 +43,7 @@ def api_relay(kubeconfig: str) -> Iterator[int]:
             return
         await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
 
-    listener = loop.run_until_complete(asyncio.start_server(handle, NODE_IP, 0))
+    listener = loop.run_until_complete(asyncio.start_server(handle, listen_ip, 0))
     port = int(listener.sockets[0].getsockname()[1])
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()

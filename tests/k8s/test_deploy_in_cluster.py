@@ -7,7 +7,7 @@ What the kit lacks, and so what this test changes in the shipped manifest: there
 DNS, no kube-proxy and no volume provisioner, so the store's DSN names the PostgreSQL Pod's
 address (patched into the Secret once the Pod is Ready), PostgreSQL's data is an ``emptyDir``
 instead of the PersistentVolumeClaim, the server reaches the API server through a relay on the
-node's address (``api_relay``: ``KUBERNETES_SERVICE_HOST``/``PORT`` and a hostAlias), and the
+Pod bridge's address (``api_relay``: ``KUBERNETES_SERVICE_HOST``/``PORT`` and a hostAlias), the
 namespaces (and the ClusterRole's name) are the test's own. The sandbox's requests are a
 twentieth of its limits (a 2-core node).
 """
@@ -31,7 +31,7 @@ import yaml
 from opensandbox import Sandbox
 from opensandbox.config import ConnectionConfig
 
-from tests.k8s.api_relay import NODE_IP, api_relay
+from tests.k8s.api_relay import api_relay
 from tests.k8s.deploy_manifest import KIT_CLUSTER_IP, manifests
 from tests.k8s_cluster import REPO_ROOT, Cluster
 
@@ -57,7 +57,7 @@ def ctr_import(cluster: Cluster, archive: str) -> None:
 
 
 def for_the_kit(docs: list[dict[str, Any]], names: dict[str, str], api_key: str,
-                suffix: str, relay_port: int) -> list[dict[str, Any]]:
+                suffix: str) -> list[dict[str, Any]]:
     """The kit's deviations from the shipped manifest (see the module docstring)."""
     kept = []
     for doc in docs:
@@ -70,12 +70,6 @@ def for_the_kit(docs: list[dict[str, Any]], names: dict[str, str], api_key: str,
             meta["name"] += "-" + suffix
             if kind == "ClusterRoleBinding":
                 doc["roleRef"]["name"] += "-" + suffix
-        if kind == "Deployment":
-            pod = doc["spec"]["template"]["spec"]
-            pod["hostAliases"] = [{"ip": NODE_IP, "hostnames": ["kubernetes.default.svc"]}]
-            pod["containers"][0]["env"] += [
-                {"name": "KUBERNETES_SERVICE_HOST", "value": "kubernetes.default.svc"},
-                {"name": "KUBERNETES_SERVICE_PORT", "value": str(relay_port)}]
         if kind == "Secret" and meta["name"] == "sandlot-secrets":
             data = doc["stringData"]
             data["api-key"] = api_key
@@ -91,6 +85,15 @@ def for_the_kit(docs: list[dict[str, Any]], names: dict[str, str], api_key: str,
 
 STUCK = {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull",
          "CreateContainerConfigError", "InvalidImageName"}
+
+
+def through_relay(deployment: dict[str, Any], address: str, port: int) -> None:
+    """The server's in-cluster client pointed at the API relay (see api_relay)."""
+    pod = deployment["spec"]["template"]["spec"]
+    pod["hostAliases"] = [{"ip": address, "hostnames": ["kubernetes.default.svc"]}]
+    pod["containers"][0]["env"] += [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "kubernetes.default.svc"},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)}]
 
 
 def wait_ready(cluster: Cluster, ns: str, app: str, timeout: float = 600) -> dict[str, Any]:
@@ -135,24 +138,26 @@ def deployed(k8s_images: Cluster, images: dict[str, dict[str, str]],
     suffix = secrets.token_hex(3)
     names = {"sandlot": f"sltdep-{suffix}", "sandlot-sandboxes": f"sltdep-{suffix}-sbx"}
     api_key = secrets.token_urlsafe(16)
-    relay = contextlib.ExitStack()
-    relay_port = relay.enter_context(api_relay(str(cluster.kubeconfig)))
-    docs = for_the_kit(manifests(names), names, api_key, suffix, relay_port)
-    server = [d for d in docs if d["kind"] == "Deployment"]
+    docs = for_the_kit(manifests(names), names, api_key, suffix)
+    server = next(d for d in docs if d["kind"] == "Deployment")
     rest = [d for d in docs if d["kind"] != "Deployment"]
     manifest = tmp_path / "deploy.yaml"
-    manifest.write_text(yaml.safe_dump_all(rest + server))
+    manifest.write_text(yaml.safe_dump_all([*rest, server]))
     ns = names["sandlot"]
+    relay = contextlib.ExitStack()
     try:
         first = tmp_path / "first.yaml"
         first.write_text(yaml.safe_dump_all(rest))
         cluster.kubectl("apply", "-f", str(first), namespaced=False)
         db = wait_ready(cluster, ns, "sandlot-postgres")
         secret = next(d for d in rest if d["metadata"]["name"] == "sandlot-postgres")
-        url = secret["stringData"]["url"].replace("sandlot-postgres.sandlot.svc",
-                                                  db["status"]["podIP"])
-        cluster.kubectl("patch", "secret", "sandlot-postgres", "-n", ns, "--type", "merge",
-                        "-p", json.dumps({"stringData": {"url": url}}), namespaced=False)
+        secret["stringData"]["url"] = secret["stringData"]["url"].replace(
+            "sandlot-postgres.sandlot.svc", db["status"]["podIP"])  # applied again below
+        # the bridge's address: the first of the Pod subnet (host-local's gateway)
+        bridge = db["status"]["podIP"].rsplit(".", 1)[0] + ".1"
+        through_relay(server, bridge,
+                      relay.enter_context(api_relay(str(cluster.kubeconfig), bridge)))
+        manifest.write_text(yaml.safe_dump_all([*rest, server]))
         cluster.kubectl("apply", "-f", str(manifest), namespaced=False)
         wait_ready(cluster, ns, "sandlot")
         yield cluster, names, api_key
@@ -199,7 +204,7 @@ def test_the_manifest_runs_sandlot_in_the_cluster(
     assert stdout.strip() == "in-cluster-42"
     # It was a Pod of the sandbox namespace, recorded in PostgreSQL (not a SQLite file).
     rows = cluster.kubectl("exec", "-n", ns, "sandlot-postgres-0", "--", "psql", "-h",
-                           "127.0.0.1", "-U", "sandlot", "-d", "sandlot", "-tAc",
+                           "/tmp", "-U", "sandlot", "-d", "sandlot", "-tAc",
                            "select id from sandboxes", namespaced=False, check=False)
     assert sandbox_id in rows.stdout.split(), rows.stdout + rows.stderr
     deadline = time.monotonic() + 180
