@@ -21,7 +21,7 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -167,17 +167,20 @@ def deployed(k8s_images: Cluster, images: dict[str, dict[str, str]],
         relay.close()
 
 
-def run_a_sandbox(domain: str, api_key: str) -> tuple[str, str]:
-    """Create a sandbox, run a command in it, delete it: (its id, the command's stdout)."""
+def run_a_sandbox(domain: str, api_key: str,
+                  while_running: Callable[[str], None]) -> str:
+    """Create a sandbox, run a command in it, call ``while_running(its id)``, delete it: the
+    command's stdout."""
     config = ConnectionConfig(domain=domain, api_key=api_key, use_server_proxy=True,
                               request_timeout=timedelta(seconds=120))
 
-    async def go() -> tuple[str, str]:
+    async def go() -> str:
         sandbox = await Sandbox.create("python:3.12", connection_config=config,
                                        ready_timeout=timedelta(seconds=600))
         try:
             execution = await sandbox.commands.run("echo in-cluster-$((6 * 7))")
-            return sandbox.id, "".join(m.text for m in execution.logs.stdout)
+            await asyncio.to_thread(while_running, sandbox.id)
+            return "".join(m.text for m in execution.logs.stdout)
         finally:
             await sandbox.kill()
             await sandbox.close()
@@ -188,6 +191,15 @@ def test_the_manifest_runs_sandlot_in_the_cluster(
         deployed: tuple[Cluster, dict[str, str], str]) -> None:
     cluster, names, api_key = deployed
     ns, sbx = names["sandlot"], names["sandlot-sandboxes"]
+
+    def in_postgres_and_a_pod(sandbox_id: str) -> None:
+        """The sandbox is a Pod of the sandbox namespace, recorded in PostgreSQL."""
+        rows = cluster.kubectl("exec", "-n", ns, "sandlot-postgres-0", "--", "psql", "-h",
+                               "/tmp", "-U", "sandlot", "-d", "sandlot", "-tAc",
+                               "select id from sandboxes", namespaced=False, check=False)
+        assert sandbox_id in rows.stdout.split(), rows.stdout + rows.stderr
+        assert any(sandbox_id in p for p in sandbox_pods(cluster, sbx)), sandbox_pods(cluster, sbx)
+
     # The Service, through the API server (the kit has no kube-proxy).
     with subprocess.Popen(
             ["kubectl", "--kubeconfig", str(cluster.kubeconfig), "-n", ns, "port-forward",
@@ -198,15 +210,10 @@ def test_the_manifest_runs_sandlot_in_the_cluster(
             line = forward.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> 8080"
             assert "Forwarding from 127.0.0.1:" in line, line + forward.stderr.read()
             port = int(line.split("127.0.0.1:")[1].split()[0])
-            sandbox_id, stdout = run_a_sandbox(f"127.0.0.1:{port}", api_key)
+            stdout = run_a_sandbox(f"127.0.0.1:{port}", api_key, in_postgres_and_a_pod)
         finally:
             forward.terminate()
     assert stdout.strip() == "in-cluster-42"
-    # It was a Pod of the sandbox namespace, recorded in PostgreSQL (not a SQLite file).
-    rows = cluster.kubectl("exec", "-n", ns, "sandlot-postgres-0", "--", "psql", "-h",
-                           "/tmp", "-U", "sandlot", "-d", "sandlot", "-tAc",
-                           "select id from sandboxes", namespaced=False, check=False)
-    assert sandbox_id in rows.stdout.split(), rows.stdout + rows.stderr
     deadline = time.monotonic() + 180
     while sandbox_pods(cluster, sbx) and time.monotonic() < deadline:
         time.sleep(1)
