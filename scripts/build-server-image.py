@@ -104,8 +104,9 @@ def built(store: ImageStore, recipe: str) -> Image:
 
 
 def drop_stale(out: Path, prefix: str, keep: Path) -> None:
-    for stale in out.glob(f"{prefix}-*.tar"):
-        if stale != keep:
+    """Archives (and their .name files) of earlier builds."""
+    for stale in out.glob(f"{prefix}-*"):
+        if stale.stem != keep.stem:
             stale.unlink(missing_ok=True)
 
 
