@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from sandlot.config import Config
+from sandlot.runtime import admission
 from sandlot.runtime.admission import ZYGOTE_SLOTS_PER_CPU, StartGate, default_slots
 
 
@@ -68,6 +69,48 @@ async def test_background_start_waits_while_a_request_is_queued() -> None:
     rest.set()
     await asyncio.gather(holder, request, refill)
     assert order == ["first", "request", "refill"]
+
+
+async def test_background_start_waits_while_a_request_starts() -> None:
+    """A free slot is not enough: a refill waits until no create's start runs."""
+    gate = StartGate(4)
+    order: list[str] = []
+    first, rest = asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(_hold(gate, order, "request", first))
+    await _settle()
+    refill = asyncio.create_task(_hold(gate, order, "refill", rest, background=True))
+    await _settle()
+    assert order == ["request"] and gate.running == 1 and gate.waiting == 1
+    first.set()
+    await _settle()
+    assert order == ["request", "refill"] and gate.running == 1
+    rest.set()
+    await asyncio.gather(holder, refill)
+    assert gate.running == 0 and gate.running_requests == 0 and gate.waiting == 0
+
+
+async def test_a_refill_that_waited_long_starts_beside_creates_but_not_before_queued_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(admission, "BACKGROUND_PATIENCE", 0.05)
+    gate = StartGate(2)
+    order: list[str] = []
+    first, rest = asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(_hold(gate, order, "request", first))
+    await _settle()
+    refill = asyncio.create_task(_hold(gate, order, "refill", rest, background=True))
+    await asyncio.sleep(0.2)
+    assert order == ["request", "refill"]  # patience lost: a free slot beside the create
+    queued = asyncio.create_task(_hold(gate, order, "queued", rest))
+    late = asyncio.create_task(_hold(gate, order, "late", rest, background=True))
+    await asyncio.sleep(0.2)
+    assert order == ["request", "refill"] and gate.waiting == 2  # no slot free
+    first.set()
+    await _settle()
+    assert order == ["request", "refill", "queued"]  # the queued create first
+    rest.set()
+    await asyncio.gather(holder, refill, queued, late)
+    assert order[-1] == "late" and gate.running == 0 and gate.waiting == 0
 
 
 async def test_a_cancelled_waiter_gives_up_its_place_and_leaks_no_slot() -> None:
