@@ -26,6 +26,8 @@ def runtime_data_dir() -> Iterator[Path]:
     (d / "execd-bundle").symlink_to(BUNDLE_CACHE)
     yield d
     shutil.rmtree(d, ignore_errors=True)
+    # test_boundary_contract's runsc data dir beside it (its own state, the same bundle)
+    shutil.rmtree(d.with_name(d.name + "-gv"), ignore_errors=True)
 
 
 @pytest.fixture
