@@ -20,6 +20,7 @@ from bench.benchmarks import (
     network,
     observability,
     proxy,
+    restart,
     state,
     volumes,
 )
@@ -40,6 +41,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "docker": docker_backend.run,
     "volumes": volumes.run,
     "state": state.run,
+    "restart": restart.run,
     "gvisor": gvisor.run,
     "kubernetes": kubernetes.run,
     "density": density.run,
@@ -69,6 +71,7 @@ EXPECTED_KEYS: dict[str, tuple[str, ...]] = {
     "docker": docker_backend.KEYS,
     "volumes": volumes.KEYS,
     "state": state.KEYS,
+    "restart": restart.KEYS,
     "gvisor": gvisor.KEYS,
     "console": console.KEYS,
     "kubernetes": kubernetes.KEYS,

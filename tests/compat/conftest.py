@@ -215,12 +215,13 @@ class SandlotServer:
         self.proc = None
 
     def delete_all_sandboxes(self) -> None:
+        """DELETE every sandbox, several at a time (20 one by one took ~20 s on k8s)."""
         if self.proc is None:
             return
         with self.client() as c:
             items = c.get("/v1/sandboxes", params={"pageSize": 200}).json().get("items", [])
-            for item in items:
-                c.delete(f"/v1/sandboxes/{item['id']}")
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                list(pool.map(lambda item: c.delete(f"/v1/sandboxes/{item['id']}"), items))
 
     def runtime_ids(self) -> set[str]:
         return _in_thread(self._runtime_ids())

@@ -19,6 +19,7 @@ from sandlot.images.model import Image
 from sandlot.runtime.base import ContainerState
 from sandlot.runtime.oci import OciRuntime, hibernate, runsc
 from sandlot.runtime.oci.layout import netns_name
+from tests.compat.conftest import BUNDLE_CACHE
 from tests.runtime.helpers import (
     TEST_IMAGES,
     execd_client,
@@ -38,6 +39,8 @@ def gvisor_data_dir() -> AsyncIterator[Path]:
     if shutil.which("runsc") is None:
         pytest.skip("runsc is not installed")
     d = short_tmpdir("slgv")
+    BUNDLE_CACHE.mkdir(parents=True, exist_ok=True)
+    (d / "execd-bundle").symlink_to(BUNDLE_CACHE)  # the machine-wide cache: not rebuilt here
     yield d  # type: ignore[misc]
     shutil.rmtree(d, ignore_errors=True)
 

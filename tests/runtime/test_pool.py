@@ -163,6 +163,7 @@ async def test_restart_keeps_claims_and_removes_stale_warm_containers(
         assert (await rt2.inspect("survivor")).state == ContainerState.RUNNING
         await wait_ping(rt2, "survivor")
         assert (await _command(rt2, "survivor", "tok-s", "hostname")).text.count("survivor")
+        await rt2.leftovers.wait()  # removed in the background once the runtime is open
         for s in stale:
             assert leftovers(rt2, s) == [], s
         await rt2.delete("survivor")

@@ -115,12 +115,18 @@ class NetworkManager:
             await mgr.teardown(addr.container_id)
         await asyncio.to_thread(firewall.remove_table_if_unused)
 
-    async def restore(self, live: set[str]) -> None:
+    async def restore(self, live: set[str], keep: frozenset[str] | set[str] = frozenset()
+                      ) -> None:
         """Re-install the rules and re-open the DNS filters of ``live`` containers; remove
-        what is left of others, and any sandbox chain or map entry whose veth is gone."""
+        what is left of others, and any sandbox chain or map entry whose veth is gone.
+
+        ``keep``: containers whose teardown comes later (a crashed server's warm ones): their
+        leases stay taken and nothing of theirs is re-installed."""
         present = set(await asyncio.to_thread(links.host_links, IFNAME_PREFIX))
         for addr in self.leases.all():
             cid = addr.container_id
+            if cid in keep:
+                continue
             if cid in live and addr.host_ifname in present:
                 pol = self._load_policy(cid)
                 # An earlier version's per-sandbox table goes; the chain is (re)made in

@@ -70,6 +70,7 @@ from sandlot.runtime.oci import (
     hibernate,
     idmap,
     imageuser,
+    leftovers,
     mounts,
     netns,
     pool,
@@ -245,6 +246,7 @@ class OciRuntime(Runtime):
                                   self._make_warm, self._teardown,
                                   parallel=self._refills_at_once())
         self._made_warm: set[str] = set()  # warm containers this instance started
+        self.leftovers = leftovers.BackgroundSweep()  # a crashed server's warm containers
         self.snapshots = SnapshotLayers(data_dir / "snapshots")
         # Warm containers of the snapshots sandboxes are created from (snapshot_pools.py).
         self.snapshot_pools = SnapshotPools(snapshot_pool_size, snapshot_pools_max,
@@ -317,15 +319,18 @@ class OciRuntime(Runtime):
                         "user namespace only; every sandbox here starts execd with %s",
                         binary.flavor)
         if rt._own_pool_dir():
-            await rt._sweep_pool()  # leftovers of a crash: nobody else owns them
-            for cid in rt.runc.ids():  # a forked start a crash cut short (zygote.py)
+            # Leftovers of a crash (nobody else owns them): removed once the server answers,
+            # their leases and uid ranges held until then (leftovers.py).
+            stale = rt._stale_warm()
+            for cid in rt.runc.ids() - stale:  # a forked start a crash cut short (zygote.py)
                 await asyncio.to_thread(zygote.stop_if_half_started, rt.runc.root, cid,
                                         SandboxPaths.of(data_dir, cid).config_json)
             await rt._thaw_interrupted_snapshots()
             if network is not None:
-                await network.restore(rt._container_ids())
+                await network.restore(rt._container_ids() - stale, keep=stale)
             else:
                 await NetworkManager.remove_all(cfg, data_dir)  # left by mode "isolated"
+            rt.leftovers.start(stale, rt._teardown)
         return rt
 
     async def _thaw_interrupted_snapshots(self) -> None:
@@ -871,27 +876,24 @@ class OciRuntime(Runtime):
         self.pool.prewarm(local)
 
     async def drain_pool(self) -> None:
+        await self.leftovers.wait()  # a crashed server's, still being removed
         for name in list(self.named_pools):
             await self.remove_pool(name)
         await self.snapshot_pools.stop()
-        for cid in await self.pool.stop():
-            with contextlib.suppress(Exception):
-                await self._teardown(cid)
+        await leftovers.teardown_all(await self.pool.stop(), self._teardown)
         # Anything of ours the bookkeeping missed; only ours: another process may be serving
         # this data dir (tools, tests), and its warm containers are not ours to remove.
         await self._sweep_pool(only=set(self._made_warm))
 
-    async def _sweep_pool(self, only: set[str] | None = None) -> None:
-        """Delete warm containers nobody claimed (left by a crash or a kill -9)."""
+    def _stale_warm(self) -> set[str]:
+        """Warm containers nobody claimed (left by a crash or a kill -9)."""
         claimed = set(self.claims.items().values())
-        for cid in sorted(self._container_ids()):
-            if only is not None and cid not in only:
-                continue
-            if pool.is_pool_id(cid) and cid not in claimed:
-                try:
-                    await self._teardown(cid)
-                except Exception:  # noqa: BLE001 - the next start tries again
-                    log.warning("cannot remove stale warm container %s", cid, exc_info=True)
+        return {cid for cid in self._container_ids()
+                if pool.is_pool_id(cid) and cid not in claimed}
+
+    async def _sweep_pool(self, only: set[str]) -> None:
+        """Delete the unclaimed warm containers among ``only``, a few at a time."""
+        await leftovers.teardown_all(self._stale_warm() & only, self._teardown)
 
     async def _make_warm(self, image: Image) -> pool.Warm:
         cid = pool.new_pool_id()
