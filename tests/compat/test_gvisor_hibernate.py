@@ -10,6 +10,7 @@ listener answers.
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -107,8 +108,15 @@ async def test_hibernate_survives_server_kill9(gvisor_server: SandlotServer) -> 
             await manager.close()
         assert info.status.state == "Paused"
         assert info.status.reason == "Hibernated", info.status
+        # The pause answers once the image is complete; the sentry it saved exits (and its
+        # memory is freed) behind the answer, 1-2 s later on a loaded host.
+        paused_at = time.monotonic()
         after = container_memory(server, sid)
-        print(f"\nFIGURE host_memory_before={before / MIB:.1f}MiB after={after / MIB:.1f}MiB")
+        while after >= 32 * MIB and time.monotonic() - paused_at < 30:
+            await asyncio.sleep(0.2)
+            after = container_memory(server, sid)
+        print(f"\nFIGURE host_memory_before={before / MIB:.1f}MiB after={after / MIB:.1f}MiB "
+              f"freed_within={time.monotonic() - paused_at:.1f}s")
         assert after < 32 * MIB, after  # the 200 MiB left the host's memory
 
         server.kill9()

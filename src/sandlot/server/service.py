@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -514,16 +515,20 @@ class SandboxService:
             await self._fail_provisioning(rec, _provisioning_error(rec.image_uri, exc))
             return
         if rec.state == SandboxState.PENDING:
-            self._transition(rec, SandboxState.RUNNING, codes.RUNNING, codes.RUNNING_MESSAGE)
-            # The SDKs ask for these endpoints right after every create: open them now, beside
-            # the state's write (the store commits writes that queue up together), so those
-            # requests find them open and stored.
+            # Running is shown only once it is stored: a client that saw it must find it again
+            # after a crash of the server. The SDKs ask for these endpoints right after every
+            # create: open them now, beside the state's write (the store commits writes that
+            # queue up together), so those requests find them open and stored.
+            running = dataclasses.replace(rec)
+            running.transition(SandboxState.RUNNING, codes.RUNNING, codes.RUNNING_MESSAGE)
             with tracer.start_as_current_span("store.save_running"):
                 await asyncio.gather(
-                    self.store.save(rec),
+                    self.store.save(running),
                     *(self.open_endpoint(rec.id, port)
                       for port in (self.cfg.execd.port, SDK_EGRESS_PORT)),
                 )
+            if rec.state == SandboxState.PENDING:  # else a delete came meanwhile: it wins
+                self._publish(rec, running)
 
     async def _fail_provisioning(self, rec: SandboxRecord, error: SandlotError) -> None:
         # Leave nothing behind: the record stays (Failed, with why), the container goes.
@@ -555,6 +560,14 @@ class SandboxService:
         before = rec.state
         rec.transition(state, reason, message)
         if before != state:
+            self.observers.transitioned(rec, before)
+
+    def _publish(self, rec: SandboxRecord, stored: SandboxRecord) -> None:
+        """Show the state change already written as ``stored`` (a changed copy of ``rec``)."""
+        before = rec.state
+        rec.state, rec.reason, rec.message = stored.state, stored.reason, stored.message
+        rec.last_transition_at, rec.updated_at = stored.last_transition_at, stored.updated_at
+        if before != rec.state:
             self.observers.transitioned(rec, before)
 
     async def container_changed(self, sandbox_id: str, info: ContainerInfo) -> None:
