@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
-from tests.compat.conftest import SandlotServer
+from tests.compat.conftest import SandlotServer, wait_state
 
 pytestmark = [pytest.mark.backends("oci", "docker"), pytest.mark.heavy_backends("runsc")]
 
@@ -48,3 +50,27 @@ def test_error_shapes(sandlot_server: SandlotServer) -> None:
         finally:
             assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
         assert_error(c.delete(f"/v1/sandboxes/{sid}"), 404)
+
+
+def test_a_sandbox_that_stops_before_execd_answers_fails_at_once(
+        sandlot_server: SandlotServer) -> None:
+    """execd cannot start in 4 MiB (killed by the memory limit): the create fails as soon as
+    the container stops, saying so, instead of waiting out execd's 30 + 60 s timeouts."""
+    with sandlot_server.client() as c:
+        started = time.monotonic()
+        r = c.post("/v1/sandboxes", json={
+            "image": {"uri": "python:3.12"}, "entrypoint": ["tail", "-f", "/dev/null"],
+            "resourceLimits": {"cpu": "500m", "memory": "4Mi"}, "timeout": 600}, timeout=120)
+        if r.status_code >= 400:  # refused up front (Docker's 6 MB minimum): fine as well
+            assert_error(r, r.status_code)
+            return
+        sid = r.json()["id"]
+        try:
+            failed = wait_state(c, sid, "Failed", timeout=100)
+            took = time.monotonic() - started
+            message = failed["status"]["message"]
+            assert failed["status"]["reason"] == "PROVISIONING_ERROR", failed["status"]
+            assert "container stopped" in message or "container is gone" in message, message
+            assert took < 25, (took, message)  # not the 30 s start wait, nor the 60 s after it
+        finally:
+            c.delete(f"/v1/sandboxes/{sid}")

@@ -17,12 +17,14 @@ import asyncio
 import contextlib
 import os
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from sandlot.runtime import execd_client
+from sandlot.runtime.base import ContainerInfo, ContainerState
 
 # How long a cold create holds its start slot waiting for execd's first /ping.
 STARTED_WAIT = 30.0
+ENDED_CHECK_EVERY = 2.0
 
 
 def default_slots(per_cpu: int = 2) -> int:
@@ -149,12 +151,35 @@ class StartGate:
             waiter.future.set_result(None)
 
 
-async def started(connect: execd_client.Connect, token: str | None) -> bool:
+async def started(connect: execd_client.Connect, token: str | None,
+                  ended: execd_client.Ended | None = None) -> bool:
     """Wait, still holding the start slot, until a new sandbox's execd answers ``/ping``
     (True: its start-up is most of a start's CPU), or give up (False: the server's own wait
-    then decides, with its longer timeout and its error)."""
+    then decides, with its longer timeout and its error). ``ended`` stops the wait early
+    when the sandbox stopped meanwhile (asked every ENDED_CHECK_EVERY seconds only: it may
+    run a ``runc state``)."""
     try:
-        await execd_client.wait_ready(connect, token, STARTED_WAIT)
+        await execd_client.wait_ready(connect, token, STARTED_WAIT, ended=ended,
+                                      check_every=ENDED_CHECK_EVERY)
     except Exception:  # noqa: BLE001 - e.g. deleted meanwhile: the server's wait reports it
         return False
     return True
+
+
+def container_ended(inspect: Callable[[str], Awaitable[ContainerInfo]],
+                    sandbox_id: str) -> execd_client.Ended:
+    """An ``ended`` check for ``wait_ready``: why the sandbox's container is gone, or None."""
+
+    async def ended() -> str | None:
+        try:
+            info = await inspect(sandbox_id)
+        except Exception:  # noqa: BLE001 - not known now: keep waiting, the timeout bounds it
+            return None
+        if info.state == ContainerState.STOPPED:
+            code = f" with code {info.exit_code}" if info.exit_code is not None else ""
+            return f"the sandbox's container stopped{code}"
+        if info.state == ContainerState.MISSING:
+            return "the sandbox's container is gone"
+        return None
+
+    return ended

@@ -18,9 +18,10 @@ from collections.abc import Awaitable, Callable
 from sandlot.execd.protocol import CLAIM_PATH, DEFAULT_PORT, PING_PATH, TOKEN_HEADER
 
 Connect = Callable[[], Awaitable[socket.socket]]
+Ended = Callable[[], Awaitable[str | None]]  # why the sandbox is gone, or None
 
-__all__ = ["CLAIM_PATH", "DEFAULT_PORT", "PING_PATH", "TOKEN_HEADER", "Connect", "claim", "ping",
-           "request", "wait_ready"]
+__all__ = ["CLAIM_PATH", "DEFAULT_PORT", "PING_PATH", "TOKEN_HEADER", "Connect", "Ended",
+           "ExecdEnded", "claim", "ping", "request", "wait_ready"]
 
 
 async def request(
@@ -91,11 +92,22 @@ async def ping(connect: Connect, token: str | None = None, timeout: float = 2.0)
     return status
 
 
+class ExecdEnded(ConnectionError):
+    """The sandbox ended (its execd with it) before execd answered: waiting longer is moot."""
+
+
 async def wait_ready(
-    connect: Connect, token: str | None, timeout: float, interval: float = 0.005
+    connect: Connect, token: str | None, timeout: float, interval: float = 0.005,
+    ended: Ended | None = None, check_every: float = 0.5,
 ) -> None:
-    """Return once execd answers 200 on ``/ping``; raise TimeoutError with the last error."""
-    deadline = time.monotonic() + timeout
+    """Return once execd answers 200 on ``/ping``; raise TimeoutError with the last error.
+
+    ``ended`` (asked every ``check_every`` seconds while execd does not answer) says why the
+    sandbox is gone, or None while it runs: then ``ExecdEnded`` is raised at once.
+    """
+    start = time.monotonic()
+    deadline = start + timeout
+    next_check = start + check_every
     last = "never reached"
     while True:
         try:
@@ -105,7 +117,13 @@ async def wait_ready(
             last = f"/ping answered HTTP {status}"
         except (OSError, TimeoutError, ConnectionError) as exc:
             last = f"{type(exc).__name__}: {exc}"
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if ended is not None and now >= next_check:
+            why = await ended()
+            if why is not None:
+                raise ExecdEnded(f"{why} {now - start:.1f}s into the wait for execd ({last})")
+            next_check = time.monotonic() + check_every
+        if now >= deadline:
             raise TimeoutError(f"execd did not answer /ping within {timeout:.0f}s ({last})")
         await asyncio.sleep(interval)
         # Back off gently: fast while a sandbox starts, cheap if it is slow.

@@ -49,6 +49,7 @@ from sandlot.server import codes, spec_parts
 from sandlot.server.api.schemas import CreateSandboxRequest
 from sandlot.server.bounds import CreateBounds, check_metadata_keys, check_port
 from sandlot.server.endpoints import EndpointForwarder
+from sandlot.server.execd_start import wait_for_execd
 from sandlot.server.expiry import ExpiryScheduler
 from sandlot.server.labels import check_metadata, is_reserved
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
@@ -504,9 +505,7 @@ class SandboxService:
             if not created.execd_ready:
                 port = self.cfg.execd.port
                 with tracer.start_as_current_span("execd.wait_ready"):
-                    await execd_client.wait_ready(
-                        lambda: self.runtime.connect(rec.id, port), token, EXECD_READY_TIMEOUT
-                    )
+                    await wait_for_execd(self.runtime, rec.id, port, token, EXECD_READY_TIMEOUT)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -197,7 +197,9 @@ class DockerRuntime(Runtime):
             return CreateResult(execd_ready=await self._wait_started(spec))
 
     async def _wait_started(self, spec: SandboxSpec) -> bool:
-        return await admission.started(self._execd_connect(spec.sandbox_id), spec.execd_token)
+        return await admission.started(
+            self._execd_connect(spec.sandbox_id), spec.execd_token,
+            ended=admission.container_ended(self.inspect, spec.sandbox_id))
 
     def _take_warm(self, spec: SandboxSpec, image: images.EngineImage) -> pool.Warm | None:
         """A warm container of the snapshot's pool, or of the server's pool for an image."""

@@ -444,7 +444,9 @@ class OciRuntime(Runtime):
         return max(1, self.starts.slots // 2)
 
     async def _wait_started(self, spec: SandboxSpec) -> bool:
-        return await admission.started(self._execd_connect(spec.sandbox_id), spec.execd_token)
+        return await admission.started(
+            self._execd_connect(spec.sandbox_id), spec.execd_token,
+            ended=admission.container_ended(self.inspect, spec.sandbox_id))
 
     async def _create(
         self, spec: SandboxSpec, image: Image, p: SandboxPaths, pooled: bool = False
