@@ -61,6 +61,12 @@ def expect_object(value: Any, what: str = "request body") -> dict[str, Any]:
     return value
 
 
+async def optional_object(request: Request) -> dict[str, Any]:
+    """The body's JSON object; ``{}`` for an empty body (the code APIs' optional bodies)."""
+    body = await json_body(request, required=False)
+    return {} if body is None else expect_object(body)
+
+
 def query_int(request: Request, name: str, *, minimum: int | None = None) -> int | None:
     raw = request.query_params.get(name)
     if raw is None or raw == "":

@@ -8,13 +8,13 @@ endpoint listeners reopen on the ports clients were given before; expiry timers 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
+from sandlot.bounded import each_bounded
 from sandlot.runtime.base import ContainerState
 from sandlot.server import codes
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
@@ -42,16 +42,9 @@ PARALLEL = 8
 async def _bounded(items: Iterable[T], work: Callable[[T], Awaitable[None]]) -> None:
     """``work`` on every item, ``PARALLEL`` at a time; the first failure is raised after
     all have run (as the one-by-one loop raised it, minus the items it skipped)."""
-    gate = asyncio.Semaphore(PARALLEL)
-
-    async def one(item: T) -> None:
-        async with gate:
-            await work(item)
-
-    results = await asyncio.gather(*(one(i) for i in items), return_exceptions=True)
-    for res in results:
-        if isinstance(res, BaseException):
-            raise res
+    failed = await each_bounded(items, work, PARALLEL)
+    if failed:
+        raise failed[0][1]
 
 
 async def reconcile(svc: SandboxService) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -12,23 +11,10 @@ from starlette.routing import BaseRoute, Route
 
 from sandlot.errors import InvalidRequest, RuntimeFailure
 from sandlot.execd import sse
+from sandlot.execd.http import optional_object
 
 if TYPE_CHECKING:
     from .service import CodeService
-
-
-async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}",
-                             code="INVALID_REQUEST_BODY") from exc
-    if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object", code="INVALID_REQUEST_BODY")
-    return body
 
 
 def _str_field(body: dict[str, Any], name: str, *, required: bool = False) -> str | None:
@@ -51,7 +37,7 @@ def _language_param(request: Request, *, required: bool) -> str | None:
 
 def build_routes(service: CodeService) -> list[BaseRoute]:
     async def create_context(request: Request) -> Response:
-        body = await _json_body(request)
+        body = await optional_object(request)
         language = _str_field(body, "language") or "python"
         cwd = _str_field(body, "cwd")
         ctx = await service.create_context(language, cwd)
@@ -76,7 +62,7 @@ def build_routes(service: CodeService) -> list[BaseRoute]:
         return Response(status_code=200)
 
     async def run_code(request: Request) -> Response:
-        body = await _json_body(request)
+        body = await optional_object(request)
         code = _str_field(body, "code", required=True)
         assert code is not None
         context = body.get("context") or {}

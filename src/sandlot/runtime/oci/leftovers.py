@@ -13,6 +13,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
+from sandlot.bounded import each_bounded
+
 log = logging.getLogger(__name__)
 
 # Teardowns at once: each is a few host tools (runc delete, umount, ip netns) that mostly
@@ -24,19 +26,15 @@ async def teardown_all(container_ids: Iterable[str],
                        teardown: Callable[[str], Awaitable[None]],
                        parallel: int = PARALLEL_TEARDOWNS) -> list[str]:
     """Tear ``container_ids`` down, ``parallel`` at a time; the ids that failed (logged)."""
-    gate = asyncio.Semaphore(max(1, parallel))
-    failed: list[str] = []
 
     async def one(cid: str) -> None:
-        async with gate:
-            try:
-                await teardown(cid)
-            except Exception:  # noqa: BLE001 - the next start tries again
-                log.warning("cannot remove stale warm container %s", cid, exc_info=True)
-                failed.append(cid)
+        try:
+            await teardown(cid)
+        except Exception:  # noqa: BLE001 - the next start tries again
+            log.warning("cannot remove stale warm container %s", cid, exc_info=True)
+            raise
 
-    await asyncio.gather(*(one(cid) for cid in sorted(container_ids)))
-    return failed
+    return [cid for cid, _ in await each_bounded(sorted(container_ids), one, parallel)]
 
 
 class BackgroundSweep:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import socket
 from collections.abc import Awaitable, Callable
@@ -30,6 +29,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sandlot.errors import InvalidRequest, SandlotError
+from sandlot.execd.http import optional_object
 from sandlot.jupyter_token import jupyter_token
 
 from . import messages
@@ -116,7 +116,7 @@ class JupyterApi:
         return JSONResponse([k.model() for k in self.registry.all()])
 
     async def start_kernel(self, request: Request) -> Response:
-        body = await _json(request)
+        body = await optional_object(request)
         name = body.get("name")
         if name is not None and not isinstance(name, str):
             raise InvalidRequest("'name' must be a string", code="INVALID_REQUEST_BODY")
@@ -187,20 +187,6 @@ class JupyterApi:
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"code": code, "message": message, "reason": None}, status_code=status)
-
-
-async def _json(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}",
-                             code="INVALID_REQUEST_BODY") from exc
-    if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object", code="INVALID_REQUEST_BODY")
-    return body
 
 
 class JupyterApiServer:
