@@ -36,7 +36,7 @@ from pathlib import Path
 
 from sandlot.images.model import Image
 from sandlot.images.store import ImageStore
-from sandlot.runtime.kubernetes.archive import write_docker_archive
+from sandlot.runtime.kubernetes.archive import gnu_tar_layer, write_docker_archive
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "deploy" / "kubernetes" / "images"
@@ -71,18 +71,6 @@ def sources_hash() -> str:
             digest.update(str(path.relative_to(REPO)).encode() + b"\0")
             digest.update(path.read_bytes())
     return digest.hexdigest()
-
-
-def gnu_tar_layer(source: Path, prefix: str, dest: Path) -> str:
-    """The rootfs as one layer by GNU tar (far faster than tarfile); its sha256."""
-    assert not prefix
-    subprocess.run(["tar", "-C", str(source), "--numeric-owner", "--xattrs", "-cf", str(dest),
-                    "."], check=True)
-    digest = hashlib.sha256()
-    with open(dest, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
 
 
 def chroot(rootfs: Path, command: str) -> str:

@@ -32,7 +32,7 @@ import pytest
 from sandlot.images.model import Image
 from sandlot.runtime.execd_bundle import ExecdBundle
 from sandlot.runtime.kubernetes import bundle_image
-from sandlot.runtime.kubernetes.archive import write_docker_archive
+from sandlot.runtime.kubernetes.archive import gnu_tar_layer, write_docker_archive
 
 log = logging.getLogger(__name__)
 ARCHIVES = Path(os.environ.get("SANDLOT_TEST_K8S_IMAGES", "/var/tmp/sandlot-test/k8s-images"))
@@ -48,17 +48,6 @@ def find_kit() -> Path | None:
         if (candidate / "up.sh").exists():
             return candidate
     return None
-
-
-def _gnu_tar_layer(source: Path, prefix: str, dest: Path) -> str:
-    """A rootfs layer by GNU tar (much faster than tarfile on a 2.5 GB tree); its sha256."""
-    subprocess.run(["tar", "-C", str(source), "--numeric-owner", "--xattrs", "-cf", str(dest),
-                    "."], check=True)
-    digest = hashlib.sha256()
-    with open(dest, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
 
 
 @dataclass
@@ -106,7 +95,7 @@ class Cluster:
                                  env=list(image.config.env),
                                  working_dir=image.config.working_dir,
                                  cmd=list(image.config.cmd or []) or None,
-                                 layer_writer=_gnu_tar_layer)
+                                 layer_writer=gnu_tar_layer)
         self.load_archive(archive, tag)
 
     def load_bundle(self, bundle: ExecdBundle) -> str:
