@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from sandlot.config_audit import audit
+from sandlot.server.endpoint_ports import PortRange
 
 DEFAULT_DATA_DIR = Path("/var/lib/sandlot")
 API_KEY_ENV = "OPENSANDBOX_SERVER_API_KEY"
@@ -48,6 +49,10 @@ class ServerConfig(_Section):
     max_endpoints_per_sandbox: int = Field(default=32, ge=1)
     max_connections_per_sandbox: int = Field(default=1024, ge=1)
     endpoint_idle_timeout_seconds: float = Field(default=300.0, gt=0)
+    # Host ports for direct endpoints, "LOW-HIGH" ("0": any free port): below the kernel's
+    # ephemeral range, so no outgoing connection takes an endpoint's port while the server
+    # is down and the endpoint keeps it across a restart (server/endpoint_ports.py).
+    endpoint_ports: str = "20000-32767"
     # Slow clients of the API (and, fixed, of execd): the request head must arrive within
     # header_timeout_seconds of the connection (or of a kept-alive request's first byte); a
     # request body may pause at most body_idle_timeout_seconds (sandlot.http_deadlines).
@@ -60,6 +65,12 @@ class ServerConfig(_Section):
     timeout_keep_alive: int = Field(default=75, ge=1)
     limit_concurrency: int = Field(default=1024, ge=0)
     backlog: int = Field(default=2048, ge=1)
+
+    @field_validator("endpoint_ports")
+    @classmethod
+    def _valid_port_range(cls, value: str) -> str:
+        PortRange.parse(value)
+        return value
 
 
 class RuntimeConfig(_Section):

@@ -46,6 +46,9 @@ async def test_kill9_restart(fresh_server: SandlotServer, image_store: ImageStor
         for sid in (keep, expiring, vanishing):
             wait_state(c, sid, "Running")
         ep = c.get(f"/v1/sandboxes/{keep}/endpoints/44772").json()
+        # From [server] endpoint_ports, below the kernel's ephemeral ports: no outgoing
+        # connection can take it while the server is down.
+        assert 20000 <= int(ep["endpoint"].rsplit(":", 1)[1]) <= 32767, ep
         soon = datetime.now(UTC) + timedelta(seconds=20)
         r = c.post(
             f"/v1/sandboxes/{expiring}/renew-expiration",

@@ -14,6 +14,8 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import cast
 
+from sandlot.server.endpoint_ports import PortRange, bind_in_range, bind_listener
+
 log = logging.getLogger(__name__)
 
 Connector = Callable[[str, int], Awaitable[socket.socket]]
@@ -135,8 +137,9 @@ class _Accepted(_Relay):
 class EndpointForwarder:
     def __init__(self, bind_host: str, connect: Connector, connect_grace: float = 2.0, *,
                  idle_timeout: float = 300.0, max_connections: int = 1024,
-                 start_of: StartOf | None = None):
+                 start_of: StartOf | None = None, port_range: PortRange | None = None):
         self._bind_host = bind_host
+        self._port_range = port_range  # where new listeners bind (endpoint_ports.py)
         self._start_of = start_of
         # A connection with no byte either way for this long is closed (held-open idle
         # connections would exhaust the server's file handles); past ``max_connections``
@@ -170,14 +173,19 @@ class EndpointForwarder:
             def factory() -> asyncio.Protocol:
                 return _Accepted(self, sandbox_id, port)
 
-            server: asyncio.Server | None = None
+            sock = None
             if preferred:
                 try:
-                    server = await loop.create_server(factory, self._bind_host, preferred)
+                    sock = bind_listener(self._bind_host, preferred)
                 except OSError:
                     log.warning("port %s for %s:%s is taken; using another", preferred, *key)
-            if server is None:
-                server = await loop.create_server(factory, self._bind_host, 0)
+            if sock is None:
+                sock = bind_in_range(self._bind_host, self._port_range, set(self._ports.values()))
+            try:
+                server = await loop.create_server(factory, sock=sock)
+            except BaseException:
+                sock.close()
+                raise
             host_port = int(server.sockets[0].getsockname()[1])
             self._servers[key] = server
             self._ports[key] = host_port

@@ -48,6 +48,7 @@ from sandlot.runtime.base import (
 from sandlot.server import codes, spec_parts
 from sandlot.server.api.schemas import CreateSandboxRequest
 from sandlot.server.bounds import CreateBounds, check_metadata_keys, check_port
+from sandlot.server.endpoint_ports import PortRange, warn_if_ephemeral
 from sandlot.server.endpoints import EndpointForwarder
 from sandlot.server.execd_start import wait_for_execd
 from sandlot.server.expiry import ExpiryScheduler
@@ -121,7 +122,9 @@ class SandboxService:
             idle_timeout=cfg.server.endpoint_idle_timeout_seconds,
             max_connections=cfg.server.max_connections_per_sandbox,
             start_of=self._provisioning.get,
+            port_range=PortRange.parse(cfg.server.endpoint_ports),
         )
+        warn_if_ephemeral(PortRange.parse(cfg.server.endpoint_ports))
         self._records: dict[str, SandboxRecord] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         # Called with a sandbox id once it is gone (e.g. to drop pooled proxy clients).
