@@ -82,12 +82,17 @@ def wait_state(c: httpx.Client, sid: str, states: set[str], timeout: float = 90)
     raise AssertionError(f"{sid} stuck in {state}")
 
 
-def cycle(c: httpx.Client) -> str:
+def cycle(c: httpx.Client, server: SandlotServer | None = None) -> str:
     r = c.post("/v1/sandboxes", json=BODY)
     assert r.status_code == 202, r.text
     sid = str(r.json()["id"])
     state = wait_state(c, sid, {"Running", "Failed"})
-    assert state == "Running", c.get(f"/v1/sandboxes/{sid}").json()["status"]
+    if state != "Running":  # the server's log goes with the test's data dir: keep its say
+        said = [line for line in (server.log.read_text(errors="replace").splitlines()
+                                  if server is not None and server.log.exists() else [])
+                if sid in line or line.startswith((" ", "\t"))]
+        raise AssertionError(f"{c.get(f'/v1/sandboxes/{sid}').json()['status']}\n"
+                             + "\n".join(said[-60:]))
     assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
     return sid
 
@@ -123,7 +128,7 @@ def run_cycles(server: SandlotServer, cycles: int, workers: int) -> list[str]:
     """``cycles`` create/delete cycles, ``workers`` at a time (each with its own client)."""
     def worker(n: int) -> list[str]:
         with server.client() as c:
-            return [cycle(c) for _ in range(n)]
+            return [cycle(c, server) for _ in range(n)]
 
     shares = [cycles // workers + (1 if i < cycles % workers else 0) for i in range(workers)]
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:

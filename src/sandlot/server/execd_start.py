@@ -10,6 +10,7 @@ log's tail is written to the server's log and its last line to the sandbox's Fai
 from __future__ import annotations
 
 import logging
+import textwrap
 
 from sandlot.errors import RuntimeFailure
 from sandlot.runtime import admission, execd_client
@@ -33,7 +34,7 @@ async def wait_for_execd(runtime: Runtime, sandbox_id: str, port: int, token: st
     except (execd_client.ExecdEnded, TimeoutError) as exc:
         tail = await _log_tail(runtime, sandbox_id)
         log.warning("execd of sandbox %s did not start: %s; the container's log ends:\n%s",
-                    sandbox_id, exc, tail or "(empty)")
+                    sandbox_id, exc, textwrap.indent(tail or "(empty)", "  | ", lambda _: True))
         last = tail.strip().splitlines()[-1][:REASON_CHARS] if tail.strip() else ""
         raise RuntimeFailure(f"execd did not answer: {exc}"
                              + (f"; its last output: {last}" if last else "")) from exc
