@@ -107,6 +107,7 @@ class ImageSource(Protocol):
 ROOTS_DIR = Path("/run/sandlot-rootfs")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _STATES = {
+    "creating": ContainerState.CREATED,  # runc: its init is still being set up
     "created": ContainerState.CREATED,
     "running": ContainerState.RUNNING,
     "paused": ContainerState.PAUSED,
