@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hashlib
 import json
 import os
 import shlex
@@ -26,6 +27,7 @@ from sandlot.runtime.base import ImageRef, SandboxSpec
 from sandlot.runtime.oci import OciRuntime
 from sandlot.runtime.oci import cgroups as cg
 from sandlot.runtime.oci.layout import netns_name
+from sandlot.runtime.oci.runtime import ROOTS_DIR
 from sandlot.server.sandbox_transport import SandboxTransport
 
 
@@ -224,6 +226,9 @@ async def runtime_fixture(data_dir: Path) -> AsyncIterator[OciRuntime]:
         await rt.close()
         left = {sid: what for sid in ids if (what := leftovers(rt, sid))}
         assert not left, f"sandboxes left traces behind: {left}"
+        # The data dir's folder of rootfs mount points goes once no sandbox is in it.
+        digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
+        assert not (ROOTS_DIR / digest).exists(), sorted(os.listdir(ROOTS_DIR / digest))
 
 
 def process_gone(pid: int, timeout: float = 10) -> bool:

@@ -523,6 +523,8 @@ class SandboxService:
             # queue up together), so those requests find them open and stored.
             running = dataclasses.replace(rec)
             running.transition(SandboxState.RUNNING, codes.RUNNING, codes.RUNNING_MESSAGE)
+            # Observers now: their event write joins the state's in one commit.
+            self.observers.transitioned(running, rec.state)
             with tracer.start_as_current_span("store.save_running"):
                 await asyncio.gather(
                     self.store.save(running),
@@ -564,13 +566,12 @@ class SandboxService:
         if before != state:
             self.observers.transitioned(rec, before)
 
-    def _publish(self, rec: SandboxRecord, stored: SandboxRecord) -> None:
-        """Show the state change already written as ``stored`` (a changed copy of ``rec``)."""
-        before = rec.state
+    @staticmethod
+    def _publish(rec: SandboxRecord, stored: SandboxRecord) -> None:
+        """Show the state change already written (and observed) as ``stored``, a changed
+        copy of ``rec``."""
         rec.state, rec.reason, rec.message = stored.state, stored.reason, stored.message
         rec.last_transition_at, rec.updated_at = stored.last_transition_at, stored.updated_at
-        if before != rec.state:
-            self.observers.transitioned(rec, before)
 
     async def container_changed(self, sandbox_id: str, info: ContainerInfo) -> None:
         """The runtime saw a live sandbox's container stop or vanish: it is Failed now."""

@@ -862,6 +862,10 @@ class OciRuntime(Runtime):
         if self._pool_lock_fd is not None:
             os.close(self._pool_lock_fd)  # releases the pool lock
             self._pool_lock_fd = None
+        # This data dir's folder of rootfs mount points, once no sandbox is left in it (each
+        # start makes it again): data dirs come and go (tests, tools), their folders with them.
+        with contextlib.suppress(OSError):
+            self._roots_dir.rmdir()
 
     # -- warm pool ----------------------------------------------------------------------
 
