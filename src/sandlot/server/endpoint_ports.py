@@ -66,21 +66,13 @@ def warn_if_ephemeral(ports: PortRange | None) -> None:
 
 def bind_listener(host: str, port: int) -> socket.socket:
     """A listening-ready TCP socket bound to ``host``:``port`` (``port`` 0: the kernel picks)."""
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    return _bind(_resolve(host), port)
 
 
 def bind_in_range(host: str, ports: PortRange | None, held: set[int]) -> socket.socket:
     """A socket bound to a free port of ``ports`` (not one of ``held``), tried from a random
     place on; the kernel's choice when there is no range or every port of it is taken."""
+    where = _resolve(host)  # once: the event loop runs this, and a host name may be looked up
     if ports is not None:
         size = ports.high - ports.low + 1
         start = random.randrange(size)
@@ -89,9 +81,30 @@ def bind_in_range(host: str, ports: PortRange | None, held: set[int]) -> socket.
             if port in held:
                 continue
             try:
-                return bind_listener(host, port)
+                return _bind(where, port)
             except OSError:
                 continue
         log.warning("every port of [server] endpoint_ports %d-%d is taken; using any free one",
                     ports.low, ports.high)
-    return bind_listener(host, 0)
+    return _bind(where, 0)
+
+
+Resolved = tuple[socket.AddressFamily, socket.SocketKind, int, str]
+
+
+def _resolve(host: str) -> Resolved:
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    return family, kind, proto, str(address[0])
+
+
+def _bind(where: Resolved, port: int) -> socket.socket:
+    family, kind, proto, address = where
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock

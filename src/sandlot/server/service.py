@@ -117,14 +117,15 @@ class SandboxService:
         self.bounds = CreateBounds(cfg)
         self.expiry = ExpiryScheduler(self._expire)
         self._provisioning: dict[str, asyncio.Task[None]] = {}
+        endpoint_ports = PortRange.parse(cfg.server.endpoint_ports)
+        warn_if_ephemeral(endpoint_ports)
         self.forwarder = EndpointForwarder(
             _bind_host(cfg.server.host), self.connect,
             idle_timeout=cfg.server.endpoint_idle_timeout_seconds,
             max_connections=cfg.server.max_connections_per_sandbox,
             start_of=self._provisioning.get,
-            port_range=PortRange.parse(cfg.server.endpoint_ports),
+            port_range=endpoint_ports,
         )
-        warn_if_ephemeral(PortRange.parse(cfg.server.endpoint_ports))
         self._records: dict[str, SandboxRecord] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         # Called with a sandbox id once it is gone (e.g. to drop pooled proxy clients).
