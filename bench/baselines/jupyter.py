@@ -43,6 +43,12 @@ class JupyterBaseline:
                 break
         return time.perf_counter() - t0, mimes
 
+    def pid(self) -> int | None:
+        """The kernel's process id (for CPU accounting), if it runs."""
+        proc = getattr(self.km.provisioner, "process", None) if self.km is not None else None
+        pid = getattr(proc, "pid", None)
+        return pid if isinstance(pid, int) else None
+
     def close(self) -> None:
         if self.kc is not None:
             self.kc.stop_channels()

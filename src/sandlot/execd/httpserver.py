@@ -35,6 +35,7 @@ Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Scope]], Callable[[Scope], Awaitable[None]]],
                    Awaitable[None]]
 READ_HIGH_WATER = 256 * 1024  # request body bytes buffered before reading pauses
+CORK_LIMIT = 64 * 1024  # response bytes held back to the end of a loop step (see _cork)
 WS_MAX_SIZE = 16 * 1024 * 1024  # as uvicorn's default
 WS_CLOSE_WAIT = 5.0  # seconds for the peer's close frame after ours
 _DISCONNECT = {"type": "http.disconnect"}
@@ -184,6 +185,9 @@ class _Connection(asyncio.Protocol):
         self.ws_request: h11.Request | None = None
         self._pipelined = 0  # bytes that came while a response was still being sent
         self._draining = 0  # bytes of a body the app did not read (see cycle_done)
+        self._corked: list[bytes] = []  # written in this step of the loop (see _cork)
+        self._corked_size = 0
+        self._flush_soon: asyncio.Handle | None = None
 
     # -- timers -------------------------------------------------------------------------
     def _arm(self, kind: str, seconds: float) -> None:
@@ -217,6 +221,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        self._drop_corked()
         self._disarm()
         if self.cycle is not None:
             self.cycle.disconnected()
@@ -284,7 +289,7 @@ class _Connection(asyncio.Protocol):
                 else:
                     self._draining += len(event.data)
                     if self._draining >= READ_HIGH_WATER:
-                        self.transport.close()
+                        self.close()
                         return
             elif isinstance(event, h11.EndOfMessage):
                 self._disarm()
@@ -311,8 +316,7 @@ class _Connection(asyncio.Protocol):
                              (b"connection", b"close")])))
                 self.write(self.h11.send(h11.Data(data=body)))
                 self.write(self.h11.send(h11.EndOfMessage()))
-        if self.transport is not None:
-            self.transport.close()
+        self.close()
 
     def _start_request(self, request: h11.Request) -> None:
         if self.h11.their_state is h11.SEND_BODY:
@@ -332,7 +336,7 @@ class _Connection(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             return
         if self.h11.our_state is h11.MUST_CLOSE or self._closing_when_idle:
-            self.transport.close()
+            self.close()
             return
         if self.h11.their_state is h11.SEND_BODY and self._draining < READ_HIGH_WATER:
             # The app answered before reading the whole body: read the rest (a little) and
@@ -341,12 +345,12 @@ class _Connection(asyncio.Protocol):
             self._arm("body", self.server.body_idle_timeout)
             return
         if self.h11.their_state is not h11.DONE:
-            self.transport.close()
+            self.close()
             return
         try:
             self.h11.start_next_cycle()
         except h11.LocalProtocolError:
-            self.transport.close()
+            self.close()
             return
         self._arm("keep-alive", self.server.keep_alive_timeout)
         self._pipelined = self._draining = 0
@@ -355,12 +359,13 @@ class _Connection(asyncio.Protocol):
 
     def close_when_idle(self) -> None:
         self._closing_when_idle = True
-        if self.cycle is None and self.ws is None and self.transport is not None:
-            self.transport.close()
+        if self.cycle is None and self.ws is None:
+            self.close()
 
     def abort(self, reset: bool = False) -> None:
         if self.transport is None:
             return
+        self._drop_corked()
         if reset:
             sock = self.transport.get_extra_info("socket")
             if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -371,11 +376,45 @@ class _Connection(asyncio.Protocol):
     # -- flow control -------------------------------------------------------------------
     def write(self, data: bytes | None) -> None:
         if data and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+            self._cork(data)
 
     def writelines(self, data: list[Any] | None) -> None:
         if data and self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(data)
+            for part in data:
+                self._cork(part)
+
+    def _cork(self, data: bytes) -> None:
+        """Keep ``data`` until the end of this step of the loop (or CORK_LIMIT bytes), so
+        that what the app sends in one go leaves in one segment: a response's head with its
+        first body chunk, a stream's last events with the chunked end. Each separate write
+        is a send and a wake-up of the reader (and of every relay on the way)."""
+        self._corked.append(data)
+        self._corked_size += len(data)
+        if self._corked_size >= CORK_LIMIT:
+            self.flush()
+        elif self._flush_soon is None:
+            self._flush_soon = asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Hand what is corked to the transport now."""
+        if self._flush_soon is not None:
+            self._flush_soon.cancel()
+            self._flush_soon = None
+        corked, self._corked, self._corked_size = self._corked, [], 0
+        if corked and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(corked[0] if len(corked) == 1 else b"".join(corked))
+
+    def _drop_corked(self) -> None:
+        if self._flush_soon is not None:
+            self._flush_soon.cancel()
+            self._flush_soon = None
+        self._corked, self._corked_size = [], 0
+
+    def close(self) -> None:
+        """Send what is corked, then close (the transport sends its own buffer first)."""
+        if self.transport is not None:
+            self.flush()
+            self.transport.close()
 
     def _pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None:
@@ -583,8 +622,8 @@ class _WebSocket:
         for data in self.proto.data_to_send():
             if data:
                 self.conn.write(data)
-            elif self.conn.transport is not None:  # b"": the protocol wants the TCP closed
-                self.conn.transport.close()
+            else:  # b"": the protocol wants the TCP closed
+                self.conn.close()
 
     def data_received(self, data: bytes) -> None:
         if not self.accepted:
@@ -651,8 +690,7 @@ class _WebSocket:
                 self.denial_started = True
                 self.proto.send_response(response)
                 self._flush()
-                if conn.transport is not None:
-                    conn.transport.close()
+                conn.close()
                 self._closed(1006, "")
                 return
             subprotocol = message.get("subprotocol")
@@ -709,8 +747,7 @@ class _WebSocket:
             conn.write(conn.h11.send(h11.Response(status_code=status, headers=headers)))
             conn.write(conn.h11.send(h11.Data(data=body)))
             conn.write(conn.h11.send(h11.EndOfMessage()))
-        if conn.transport is not None:
-            conn.transport.close()
+        conn.close()
         self._closed(1006, "")
 
     async def run(self) -> None:

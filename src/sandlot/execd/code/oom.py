@@ -24,19 +24,30 @@ def memory_cgroup(pid: int) -> Path | None:
     return Path(found) if found else None
 
 
+@lru_cache(maxsize=64)
+def _counter_file(cgroup: Path) -> str | None:
+    """The file holding ``cgroup``'s ``oom_kill`` counter (v2 ``memory.events``, v1
+    ``memory.oom_control``). Cached: on v1 every run first failed to open the v2 name."""
+    for name in ("memory.events", "memory.oom_control"):
+        if (cgroup / name).is_file():
+            return str(cgroup / name)
+    return None
+
+
 def oom_kills(cgroup: Path | None) -> int | None:
     """How many OOM kills this cgroup has seen; ``None`` when unknown."""
-    if cgroup is None:
+    path = _counter_file(cgroup) if cgroup is not None else None
+    if path is None:
         return None
-    for name in ("memory.events", "memory.oom_control"):
-        try:
-            text = (cgroup / name).read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill" and value.strip().isdigit():
-                return int(value)
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
     return None
 
 

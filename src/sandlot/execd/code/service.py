@@ -227,6 +227,9 @@ class CodeService:
         if timeout is not None and timeout > 0:
             limit = min(limit, timeout) if limit > 0 else timeout
         batches: Batches[Event] = Batches()
+        # As the reference: init, carrying the context id, comes first. Put here rather than
+        # in the task, so the response's head and this event leave in one write.
+        batches.put(event("init", text=ctx.id))
         exec_id = uuid.uuid4().hex
         task = asyncio.create_task(self._execute(ctx, code, exec_id, limit, batches.put))
         self._runs.add(task)
@@ -248,9 +251,8 @@ class CodeService:
     ) -> None:
         shaper = EventShaper(self.settings.max_output_bytes, self.settings.max_result_bytes)
         try:
-            # As the reference: init carries the context id, and a context already running
-            # code refuses the run (error event) instead of queueing it.
-            put(event("init", text=ctx.id))
+            # As the reference: a context already running code refuses the run (error
+            # event after init) instead of queueing it.
             if ctx.lock.locked():
                 put(error_event("ContextBusy", "session is busy",
                                 [f"context {ctx.id} is running other code"]))
