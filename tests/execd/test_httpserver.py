@@ -47,6 +47,13 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await asyncio.sleep(3 * max(HEADER, BODY_IDLE))
         await send({"type": "http.response.body", "body": body})
         return
+    if path == "/steps":  # a stream: a head and a chunk, then later the last chunk
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"first", "more_body": True})
+        await asyncio.sleep(0.2)
+        await send({"type": "http.response.body", "body": b"second", "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
@@ -258,6 +265,33 @@ async def test_listeners_close_and_reopen_and_connections_reset(
     await server.listen([sock])
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
         assert (await c.get("/again")).text == "GET /again 0"
+
+
+def _read_in_pieces(port: int, request: bytes, end: bytes) -> list[bytes]:
+    """What each blocking ``recv`` returned until ``end`` (a thread: the reader waits in
+    ``recv`` while the server writes, so separate writes tend to arrive separately)."""
+    pieces: list[bytes] = []
+    with socket.create_connection(("127.0.0.1", port), timeout=CLOSE_WITHIN) as sock:
+        sock.sendall(request)
+        while not b"".join(pieces).endswith(end):
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            pieces.append(piece)
+    return pieces
+
+
+async def test_what_the_app_sends_in_one_step_leaves_in_one_write(
+    served: tuple[HttpServer, int],
+) -> None:
+    """The head and the first chunk go out together, and the last chunk with the chunked
+    end: one send (and one wake-up of the client and of any relay) instead of two each."""
+    _, port = served
+    pieces = await asyncio.to_thread(
+        _read_in_pieces, port, b"GET /steps HTTP/1.1\r\nHost: x\r\n\r\n", b"0\r\n\r\n")
+    assert len(pieces) == 2, pieces
+    assert pieces[0].startswith(b"HTTP/1.1 200") and pieces[0].endswith(b"5\r\nfirst\r\n")
+    assert pieces[1] == b"6\r\nsecond\r\n0\r\n\r\n"
 
 
 async def test_an_endless_starlette_stream_stops_when_the_client_goes() -> None:

@@ -10,7 +10,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
 from .. import identity
-from . import wire
+from . import ready, wire
 from .base import Emit, KernelDied, Output
 from .exitwatch import returncode, watch_exit
 
@@ -102,7 +102,7 @@ class JupyterKernel:
         self._kc = self._km.client()
         self._kc.start_channels(**CHANNELS)
         try:
-            await self._kc.wait_for_ready(timeout=timeout)
+            await ready.wait_ready(self._kc, timeout, self.is_alive)
         except RuntimeError as exc:
             await self.shutdown()
             raise KernelDied(self._returncode()) from exc
