@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
@@ -12,6 +13,7 @@ from jupyter_client.manager import AsyncKernelManager
 from sandlot.execd.oomscore import prefer_for_oom
 
 from .. import identity
+from ..kernels import ready
 from ..kernels.exitwatch import returncode, watch_exit
 from ..oom import OomWatch
 from . import messages
@@ -60,7 +62,7 @@ class ZmqApiKernel(ApiKernel):
         kc = self.km.client()
         kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
         try:
-            await kc.wait_for_ready(timeout=None)
+            await ready.wait_ready(kc, math.inf, self.km.is_alive)
         finally:
             kc.stop_channels()
 
