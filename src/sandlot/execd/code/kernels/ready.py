@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 NUDGE = 0.2  # seconds between kernel_info requests while not yet ready
 
 
-async def wait_ready(client: Any, timeout: float, alive: Any) -> None:
+async def wait_ready(client: Any, timeout: float, alive: Callable[[], Awaitable[bool]]) -> None:
     """Return once ``client``'s kernel has answered ``kernel_info`` on the shell and its
     iopub socket has received a message. ``alive()`` is awaited between nudges; a dead
     kernel or ``timeout`` seconds raise ``RuntimeError`` (as ``wait_for_ready`` does)."""
