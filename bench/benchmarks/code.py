@@ -4,6 +4,10 @@ Warm ``1+1`` in an existing context; new context + first cell (after a pause tha
 pre-started kernel pool refill, and again back to back, when the pool is likely drained); a
 matplotlib figure returned as image/png. Baseline: a direct ``jupyter_client`` execute against
 a kernel on the host (and its cold start beside the new-context figures).
+
+The plain baselines run interleaved with sandlot's runs (a direct ``1+1`` after each SDK
+``1+1``, a host cold start after each pair of new contexts): on a shared machine the load
+moves between phases, and a ratio to a baseline measured minutes later measured the load.
 """
 
 from __future__ import annotations
@@ -124,6 +128,9 @@ async def run(env: BenchEnv) -> list[Row]:
                          f"{env.image_cache}` (or python -m bench --build-images)")
     sandbox, _ = await env.sandboxes.create(IMAGE, ready_timeout=120.0)
     env.profile_execd(sandbox.id)
+    host = JupyterBaseline()  # the interleaved plain baseline (see the module docstring)
+    j_warm: list[float] = []
+    starts: list[float] = []
     warm: list[float] = []
     warm_http: list[float] = []
     first: list[float] = []
@@ -141,14 +148,17 @@ async def run(env: BenchEnv) -> list[Row]:
             ci = await CodeInterpreter.create(sandbox, skip_health_check=True)
         codes = ci.codes
         ctx = await codes.create_context("python")
+        starts.append(host.start())
         for _ in range(3):
             await codes.run("1+1", context=ctx)
+            host.execute("1+1")
         for _ in range(sc.code_runs):
             t0 = time.perf_counter()
             execution = await codes.run("1+1", context=ctx)
             warm.append(time.perf_counter() - t0)
             if execution.error is not None:
                 raise RuntimeError(f"1+1 failed: {execution.error}")
+            j_warm.append(host.execute("1+1")[0])
         if ctx.id:
             warm_http = await _warm_raw(sandbox, ctx.id, sc.code_runs)
 
@@ -165,6 +175,11 @@ async def run(env: BenchEnv) -> list[Row]:
                 if c.id:
                     with contextlib.suppress(Exception):
                         await codes.delete_context(c.id)
+            extra = JupyterBaseline()
+            try:
+                starts.append(extra.start())
+            finally:
+                extra.close()
 
         for _ in range(sc.plot_runs):
             t0 = time.perf_counter()
@@ -178,9 +193,10 @@ async def run(env: BenchEnv) -> list[Row]:
         with contextlib.suppress(Exception):
             await ci.aclose()
     finally:
+        host.close()
         await env.sandboxes.delete(sandbox)
 
-    j_warm, j_plot, starts = _direct(sc.code_runs, sc.plot_runs, sc.context_runs, None)
+    _warm, j_plot, _starts = _direct(0, sc.plot_runs, 0, None)  # the plot's baseline
     shared_bases: list[Measured] = []
     shared_starts: list[Measured] = []
     if SharedParentCpu.available():  # the kernels with a sandbox's share of the CPU
