@@ -36,6 +36,8 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[Scope]], Callable[[Scope], Awa
                    Awaitable[None]]
 READ_HIGH_WATER = 256 * 1024  # request body bytes buffered before reading pauses
 WS_MAX_SIZE = 16 * 1024 * 1024  # as uvicorn's default
+# Response pieces larger than this together are written one by one, not joined (a copy).
+SEPARATE_WRITES = 64 * 1024
 WS_CLOSE_WAIT = 5.0  # seconds for the peer's close frame after ours
 _DISCONNECT = {"type": "http.disconnect"}
 
@@ -374,8 +376,17 @@ class _Connection(asyncio.Protocol):
             self.transport.write(data)
 
     def writelines(self, data: list[Any] | None) -> None:
-        if data and self.transport is not None and not self.transport.is_closing():
+        """Write ``data``'s pieces (a body chunk and h11's chunk framing around it). A large
+        piece is written on its own: asyncio's ``writelines`` joins the pieces first, a copy
+        of a whole stream block (up to megabytes) before the socket's own."""
+        if not data or self.transport is None or self.transport.is_closing():
+            return
+        if sum(len(piece) for piece in data) < SEPARATE_WRITES:
             self.transport.writelines(data)
+            return
+        for piece in data:
+            if piece:
+                self.transport.write(piece)
 
     def _pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None:
