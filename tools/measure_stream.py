@@ -94,7 +94,8 @@ async def _measure(server: SandlotServer, rounds: int, size: int, perf: float, p
             print(f"perf data: {out} (server {server.pid}, execd {execd}, client {os.getpid()})")
         if pyspy:
             out = Path(f"/tmp/measure-stream-{os.getpid()}-execd.txt")
-            spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(execd), "-r", "200", "-f",
+            spy_bin = str(Path(sys.executable).with_name("py-spy"))
+            spy = subprocess.Popen([spy_bin, "record", "-p", str(execd), "-r", "200", "-f",
                                     "raw", "-o", str(out), *(["--native"] if native else [])],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             await asyncio.sleep(1.0)
