@@ -80,9 +80,10 @@ class EventJournal:
         self.backpressure_bytes = max_bytes // 4
         self._followers: dict[int, int] = {}
         self._drained_callbacks: list[Callable[[], None]] = []
-        # The latest append (offset, bytes): a follower waiting at that offset takes it from
-        # here rather than reading it back from the file. Dropped when the journal closes
-        # (a retained execution must not pin its last block).
+        # The latest append (offset, bytes), kept while followers are connected: one waiting
+        # at that offset takes it from here rather than reading it back from the file. Not
+        # kept past its only follower's taking it, nor once the journal closes (a quiet or
+        # retained execution must not pin its last block).
         self._last: tuple[int, bytes] | None = None
 
     @property
@@ -104,7 +105,7 @@ class EventJournal:
         if self.closed:
             raise RuntimeError("journal closed")
         offset = self._file.append(data)
-        self._last = (offset, data)
+        self._last = (offset, data) if self._followers else None
         self._signal.fire()
         return offset
 
@@ -203,6 +204,8 @@ class EventJournal:
                     last = self._last
                     if last is not None and last[0] == pos and not pending:
                         block = last[1]  # just appended: no need to read it back
+                        if len(self._followers) == 1:
+                            self._last = None  # nobody else can want it
                     else:
                         try:
                             block = reader.pread(min(READ_BLOCK, self.size - pos), pos)
