@@ -41,6 +41,12 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             if not msg.get("more_body"):
                 break
     body = f"{scope['method']} {path} {size}".encode()
+    if path == "/pieces":  # a chunked stream of small and large pieces (large: unjoined writes)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for piece in _PIECES:
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
     if path == "/quiet":  # says nothing for longer than the deadlines
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"a", "more_body": True})
@@ -57,6 +63,9 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+_PIECES = [b"a" * 10, bytes(range(256)) * (3 << 12), b"b" * 70_000, b"c", b"d" * (1 << 20)]
 
 
 async def _ws_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -140,6 +149,18 @@ async def test_requests_on_one_kept_alive_connection(served: tuple[HttpServer, i
         assert r.status_code == 500 and r.text == "Internal Server Error"
     await asyncio.sleep(0.2)
     assert not server.connections
+
+
+async def test_a_stream_of_large_and_small_pieces_arrives_intact(
+    served: tuple[HttpServer, int],
+) -> None:
+    _, port = served
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
+        r = await c.get("/pieces")
+        assert r.headers["transfer-encoding"] == "chunked"
+        assert r.content == b"".join(_PIECES)
+        r = await c.get("/after")  # the connection is still in step
+        assert r.text == "GET /after 0"
 
 
 async def test_pipelined_requests_are_answered_in_order(

@@ -88,7 +88,7 @@ class Execution:
             return
         region = self._framers[stream].feed(data)
         if region:
-            self.journal.append_json(sse.encode_region(stream, region))
+            self.journal.append_frames(sse.encode_region(stream, region, frames=True))
 
     def finish(
         self, exit_code: int, *, error: str | None = None, ename: str = "CommandExecError"
@@ -100,7 +100,7 @@ class Execution:
         for stream, framer in self._framers.items():
             tail = framer.flush()
             if tail and not self.journal.closed:
-                self.journal.append_json(sse.encode_region(stream, tail))
+                self.journal.append_frames(sse.encode_region(stream, tail, frames=True))
         self.exit_code = exit_code
         self.finished_at = time.time()
         elapsed_ms = int((time.monotonic() - self._t0) * 1000)

@@ -37,6 +37,8 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[Scope]], Callable[[Scope], Awa
 READ_HIGH_WATER = 256 * 1024  # request body bytes buffered before reading pauses
 CORK_LIMIT = 64 * 1024  # response bytes held back to the end of a loop step (see _cork)
 WS_MAX_SIZE = 16 * 1024 * 1024  # as uvicorn's default
+# Response pieces larger than this together are written one by one, not joined (a copy).
+SEPARATE_WRITES = 64 * 1024
 WS_CLOSE_WAIT = 5.0  # seconds for the peer's close frame after ours
 _DISCONNECT = {"type": "http.disconnect"}
 
@@ -400,9 +402,18 @@ class _Connection(asyncio.Protocol):
         if self._flush_soon is not None:
             self._flush_soon.cancel()
             self._flush_soon = None
-        corked, self._corked, self._corked_size = self._corked, [], 0
-        if corked and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(corked[0] if len(corked) == 1 else b"".join(corked))
+        corked, size = self._corked, self._corked_size
+        self._corked, self._corked_size = [], 0
+        if not corked or self.transport is None or self.transport.is_closing():
+            return
+        if len(corked) == 1 or size >= SEPARATE_WRITES:
+            # A large block goes as it is: joining it to its chunk framing would copy it
+            # whole before the socket's own copy.
+            for piece in corked:
+                if piece:
+                    self.transport.write(piece)
+        else:
+            self.transport.write(b"".join(corked))
 
     def _drop_corked(self) -> None:
         if self._flush_soon is not None:

@@ -4,6 +4,12 @@ Both live in files so a command printing gigabytes costs disk, not execd memory,
 client that lost its stream can resume: an event's SSE id is the byte offset of its line in
 the journal, so ``Last-Event-ID: N`` means "continue after the line at offset N".
 
+The events journal holds them in the reference's wire framing (each event's one-line JSON
+and a blank line), so a follower in that framing (the default, what the SDKs get) sends
+what it reads as it is, and a follower that has caught up takes a new append's bytes
+straight from memory (the object just written) instead of reading the file back: on a fast
+stream of short lines each copy of the event text costs as much as the framing itself.
+
 ``OutputLog`` keeps stdout+stderr bytes as produced and a sparse index of line starts (an
 entry at most every ``INDEX_EVERY`` lines, at a line start within a write) so
 ``/command/{id}/logs?cursor=L`` seeks without holding every line offset in memory.
@@ -74,6 +80,11 @@ class EventJournal:
         self.backpressure_bytes = max_bytes // 4
         self._followers: dict[int, int] = {}
         self._drained_callbacks: list[Callable[[], None]] = []
+        # The latest append (offset, bytes), kept while followers are connected: one waiting
+        # at that offset takes it from here rather than reading it back from the file. Not
+        # kept past its only follower's taking it, nor once the journal closes (a quiet or
+        # retained execution must not pin its last block).
+        self._last: tuple[int, bytes] | None = None
 
     @property
     def size(self) -> int:
@@ -86,13 +97,15 @@ class EventJournal:
 
     def append(self, event: dict[str, Any]) -> int:
         """Write one event; returns its id (the offset of its line)."""
-        return self.append_json(sse.encode_data(event).encode())
+        return self.append_frames(sse.encode_data(event).encode() + sse.FRAME_END)
 
-    def append_json(self, data: bytes) -> int:
-        """Write one event given as its one-line JSON (see ``sse.encode_output``)."""
+    def append_frames(self, data: bytes) -> int:
+        """Write events given in the reference's framing (each one-line JSON followed by a
+        blank line, see ``sse.encode_region(frames=True)``); returns the first one's id."""
         if self.closed:
             raise RuntimeError("journal closed")
-        offset = self._file.append(data, b"\n")
+        offset = self._file.append(data)
+        self._last = (offset, data) if self._followers else None
         self._signal.fire()
         return offset
 
@@ -124,6 +137,7 @@ class EventJournal:
         (many finished executions are retained; each must not pin a descriptor)."""
         if not self.closed:
             self.closed = True
+            self._last = None
             self._file.close()
             self._signal.fire()
 
@@ -146,7 +160,7 @@ class EventJournal:
             return self.size if seen >= self.size else 0
         if seen < self.floor:  # dropped past the cap: continue with the oldest kept event
             return self.floor
-        # Skip the seen line itself.
+        # Skip the seen line itself and the blank line after it.
         pos = seen
         with self._file.reader() as reader:
             while pos < self.size:
@@ -155,7 +169,10 @@ class EventJournal:
                     break
                 nl = block.find(b"\n")
                 if nl >= 0:
-                    return pos + nl + 1
+                    after = pos + nl + 1
+                    if after < self.size and reader.pread(1, after) == b"\n":
+                        after += 1
+                    return after
                 pos += len(block)
         return self.size
 
@@ -184,35 +201,43 @@ class EventJournal:
                 if pos < self.floor:  # this reader fell behind past the cap: skip ahead
                     pos, pending = self.floor, b""
                 if pos < self.size:
-                    try:
-                        block = reader.pread(min(READ_BLOCK, self.size - pos), pos)
-                    except OSError:
-                        return
+                    last = self._last
+                    if last is not None and last[0] == pos and not pending:
+                        block = last[1]  # just appended: no need to read it back
+                        if len(self._followers) == 1:
+                            self._last = None  # nobody else can want it
+                    else:
+                        try:
+                            block = reader.pread(min(READ_BLOCK, self.size - pos), pos)
+                        except OSError:
+                            return
                     if not block:
                         return
                     data = pending + block if pending else block
                     line_start = pos - len(pending)
                     pos += len(block)
-                    if not sse_frames:  # JSON lines: each needs just a blank line after it
-                        cut = data.rfind(b"\n") + 1
-                        if cut == len(data):  # the usual case: appends end lines
+                    if not sse_frames:  # the journal's own framing: sent as it is
+                        if data.endswith(sse.FRAME_END):  # the usual case: whole appends
                             pending = b""
-                            yield data.replace(b"\n", b"\n\n")
+                            yield data
                             continue
-                        pending = data[cut:]
-                        if cut:
-                            yield data[:cut].replace(b"\n", b"\n\n")
+                        end = data.rfind(sse.FRAME_END)
+                        if end < 0:
+                            pending = data
+                            continue
+                        pending = data[end + 2:]
+                        yield data[: end + 2]
                         continue
                     frames: list[bytes] = []
                     cursor = 0
                     while True:
-                        nl = data.find(b"\n", cursor)
-                        if nl < 0:
+                        nl = data.find(b"\n", cursor)  # an event's JSON holds no newline
+                        if nl < 0 or nl + 1 >= len(data):  # its blank line not read yet
                             break
                         frames.append(
                             b"id: %d\ndata: %b\n\n" % (line_start + cursor, data[cursor:nl])
                         )
-                        cursor = nl + 1
+                        cursor = nl + 2
                     pending = data[cursor:]
                     if frames:
                         yield b"".join(frames)

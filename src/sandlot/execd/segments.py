@@ -12,6 +12,15 @@ disk, as ``cappedlog`` bounds execd's own log.
 
 Segments rotate only between appends, so an append (an event's whole line) never spans
 two of them: a segment's start is an event boundary.
+
+The dropped segment's file becomes the new segment (renamed, then overwritten from its
+start) rather than being deleted while a new one is created: writing over pages the page
+cache still holds costs a fraction of filling new ones (no page allocation, block
+reservation or invalidation of the old file's pages; measured 0.08 against 0.3-2 ms of CPU
+per MiB), and a long stream writes every byte twice (its output log and its events).
+Readers never see the old contents: every read starts at or above ``floor``, checked in the
+same event-loop step as the read, and a reader whose descriptor was the recycled file's
+reopens it by its new path (its base offset changed).
 """
 
 from __future__ import annotations
@@ -69,18 +78,31 @@ class SegmentedFile:
 
     def _rotate(self) -> None:
         os.close(self._fd)
+        self._fd = -1
         path = f"{self.path}.{self._count}"
         self._count += 1
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        if len(self.segments) >= KEEP:
+            _, old = self.segments.pop(0)
+            try:
+                os.rename(old, path)  # recycled: see the module's docstring
+                self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(old)
+        if self._fd < 0:
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         self.segments.append((self.size, path))
         while len(self.segments) > KEEP:
             _, old = self.segments.pop(0)
             with contextlib.suppress(OSError):
-                os.unlink(old)  # readers holding it open keep reading it
+                os.unlink(old)
 
     def close(self) -> None:
-        """No more appends: free the write descriptor (reads open segments themselves)."""
+        """No more appends: free the write descriptor (reads open segments themselves). A
+        recycled segment's old contents past the data are cut off."""
         if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self.size - self.segments[-1][0])
             os.close(self._fd)
             self._fd = -1
 

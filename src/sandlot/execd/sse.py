@@ -140,28 +140,32 @@ _BREAKERS_UTF8 = tuple((ch.encode(), f"\\u{ord(ch):04x}".encode()) for ch in _LI
 _BLANK_LINE = re.compile(b"\n\n")
 
 
-def encode_region(type_: str, region: bytes) -> bytes:
-    """The journal text (one JSON event per line, ``\\n``-joined) of ``stdout``/``stderr``
-    events for the lines of ``region`` (each ends in ``\\n``, see ``lines.LineFramer``); a
-    blank line is sent as ``"\\n"``, as the reference does. Invalid UTF-8 becomes U+FFFD.
+def encode_region(type_: str, region: bytes, *, frames: bool = False) -> bytes:
+    """The JSON events (one per line, ``\\n``-joined) of ``stdout``/``stderr`` events for the
+    lines of ``region`` (each ends in ``\\n``, see ``lines.LineFramer``); a blank line is sent
+    as ``"\\n"``, as the reference does. Invalid UTF-8 becomes U+FFFD. ``frames``: in the
+    reference's framing instead, each event followed by a blank line (what the journal
+    stores, so a stream's bytes are sent as they were written; see ``journal``).
 
     The whole region is escaped and cut into events with byte replaces (C speed) rather than
     a Python step per line, so a stream of many short lines stays cheap; that includes
     control characters (ANSI colours, backspaces): one ``translate`` finds which occur, and
     each of those is one more replace."""
-    try:
-        text = region.decode()
-    except UnicodeDecodeError:
-        region = region.decode(errors="replace").encode()
-        text = region.decode()
+    ascii_only = region.isascii()  # valid UTF-8 already: no decode needed (a copy)
+    if not ascii_only:
+        try:
+            region.decode()
+        except UnicodeDecodeError:
+            region = region.decode(errors="replace").encode()
     escaped = region.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
     for code in set(region.translate(None, _ALL_BUT_CONTROL)):
         escaped = escaped.replace(bytes((code,)), _CONTROL_ESCAPES[code])
-    if not text.isascii():
+    if not ascii_only:
         for utf8, esc in _BREAKERS_UTF8:
             escaped = escaped.replace(utf8, esc)
     head = b'{"type":"%s","timestamp":%d,"text":"' % (type_.encode(), now_ms())
-    out = head + escaped[:-1].replace(b"\n", b'"}\n' + head) + b'"}'
+    end = b'"}\n\n' if frames else b'"}\n'
+    out = head + escaped[:-1].replace(b"\n", end + head) + (end if frames else b'"}')
     if region[:1] == b"\n" or _BLANK_LINE.search(region):
         # A blank line's event has the empty text so far: its text is "\n". ``"text":""}``
         # can only be that (every quote of the output's text is escaped).
@@ -172,6 +176,9 @@ def encode_region(type_: str, region: bytes) -> bytes:
 def encode_lines(type_: str, lines: list[bytes]) -> bytes:
     """``encode_region`` of ``lines`` (terminators already stripped)."""
     return encode_region(type_, b"".join(line + b"\n" for line in lines))
+
+
+FRAME_END = b"\n\n"  # ends each event in the reference's framing (and in the journal)
 
 
 def encode(

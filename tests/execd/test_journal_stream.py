@@ -1,0 +1,83 @@
+"""The events journal's stream path: it stores the reference's framing, a caught-up follower
+gets an append's bytes without a read-back, resume skips the blank line after an event, and
+dropped segments' files are reused for new ones without their old bytes showing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+from sandlot.execd import sse
+from sandlot.execd.journal import EventJournal
+from sandlot.execd.segments import SegmentedFile
+
+
+async def test_live_follower_and_file_agree(tmp_path: Path) -> None:
+    j = EventJournal(str(tmp_path / "j"))
+    j.append(sse.init_event("x"))
+    got: list[bytes] = []
+
+    async def read() -> None:
+        async for chunk in j.follow(0):
+            got.append(chunk)
+
+    reader = asyncio.create_task(read())
+    await asyncio.sleep(0.02)  # the follower has sent the init event and waits
+    block = sse.encode_region("stdout", b"one\n\ntwo\n", frames=True)
+    j.append_frames(block)
+    await asyncio.sleep(0.02)
+    assert got[-1] is block  # handed over as written, not read back from the file
+    j.append(sse.complete_event(1))
+    j.close()
+    await reader
+    on_disk = (tmp_path / "j").read_bytes()
+    assert b"".join(got) == on_disk  # the journal holds the wire framing
+    texts = [json.loads(f).get("text") for f in on_disk.split(b"\n\n")[:-1]]
+    assert texts == ["x", "one", "\n", "two", None]
+
+
+async def test_resume_skips_the_seen_event_and_its_blank_line(tmp_path: Path) -> None:
+    j = EventJournal(str(tmp_path / "j"))
+    ids = [j.append(sse.stdout_event(f"e{i}")) for i in range(3)]
+    j.close()
+    assert j.resume_offset(str(ids[0])) == ids[1]
+    assert j.resume_offset(str(ids[1] - 1)) == ids[1]  # an id on a blank line: the next event
+    assert j.resume_offset(str(ids[1] - 2)) == ids[1]  # on the newline ending an event
+    frames = b"".join([c async for c in j.follow(j.resume_offset(str(ids[1])),
+                                                  sse_frames=True)])
+    assert frames == b"id: %d\ndata: %s\n\n" % (ids[2], (tmp_path / "j").read_bytes()[ids[2]:-2])
+
+
+async def test_a_partial_frame_read_is_held_until_its_blank_line(tmp_path: Path) -> None:
+    """A follower reading behind the writer (no hand-over) may read up to the middle of a
+    frame's blank line; it must send whole frames only."""
+    j = EventJournal(str(tmp_path / "j"))
+    for i in range(2000):
+        j.append(sse.stdout_event("x" * (400 + i % 397)))
+    j.close()
+    expected = (tmp_path / "j").read_bytes()
+    chunks = [c async for c in j.follow(0)]
+    assert b"".join(chunks) == expected
+    assert len(chunks) >= 2 and all(c.endswith(b"}\n\n") for c in chunks)
+
+
+def test_dropped_segments_are_reused_without_their_old_bytes(tmp_path: Path) -> None:
+    f = SegmentedFile(str(tmp_path / "s"), 100)
+    reader = f.reader()
+    for i in range(10):
+        f.append(bytes([65 + i]) * 60)  # two appends per segment
+    assert len(f.segments) == 2
+    names = sorted(os.listdir(tmp_path))
+    assert len(names) == 2  # the rest were renamed into new segments, not left behind
+    # Every kept byte reads back as written, through a reader that held an older file.
+    for i in range(10):
+        pos = i * 60
+        if pos >= f.floor:
+            assert reader.pread(60, pos) == bytes([65 + i]) * 60
+    f.append(b"z" * 5)  # a short last segment in a reused, longer file
+    f.close()
+    last_base, last_path = f.segments[-1]
+    assert os.path.getsize(last_path) == f.size - last_base  # old bytes past the end cut off
+    reader.close()
