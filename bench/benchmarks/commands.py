@@ -8,11 +8,13 @@ and ``docker exec`` on the same rootfs.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import socket
 import time
 from datetime import timedelta
 from typing import Any
 
-import httpx
 from opensandbox.models.execd import ExecutionHandlers, OutputMessage, RunCommandOpts
 
 from bench.baselines import host
@@ -25,29 +27,49 @@ KEYS = ("commands.true_rtt", "commands.first_byte", "commands.stream", "commands
 STREAM_BUDGET = 60.0  # seconds; a stream cut by it still yields bytes received / time
 
 
+def _read_stream(address: str, headers: dict[str, str], body: bytes) -> tuple[float, int, bytes]:
+    """(seconds, ``\\n\\n`` count, last bytes) of one ``POST /command`` over a plain socket,
+    read 64 KiB at a time until the server closes, as the baselines read their pipe. No
+    HTTP client: httpx's chunked-body parse costs ~3-4 ms of CPU per MiB, as much as the
+    whole server side, so it measured the reader (docs/benchmarks.md). Events never split
+    across HTTP chunks (execd writes whole events), so each event's blank line is one
+    ``\\n\\n``; a byte carried over catches one split between two reads."""
+    host, _, port = address.rpartition(":")
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    request = (f"POST /command HTTP/1.1\r\nHost: {address}\r\n{head}"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+               "Connection: close\r\n\r\n").encode() + body
+    buf = bytearray(1 << 16)
+    view = memoryview(buf)
+    blank_lines = 0
+    carry = b""
+    tail = b""
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=STREAM_BUDGET) as sock:
+        t0 = time.perf_counter()
+        sock.sendall(request)
+        while n := sock.recv_into(buf):
+            blank_lines += (carry + view[:2].tobytes()).count(b"\n\n") if carry else 0
+            blank_lines += buf.count(b"\n\n", 0, n)
+            carry = b"\n" if buf[n - 1] == 10 and (n < 2 or buf[n - 2] != 10) else b""
+            tail = (tail + view[max(0, n - 256):n].tobytes())[-256:]
+        elapsed = time.perf_counter() - t0
+    return elapsed, blank_lines, tail
+
+
 async def stream_raw(sandbox: Any, size: int) -> tuple[float, int]:
     """(seconds, stdout events) of ``POST /command`` for ``stream_command(size)`` read as raw
     bytes over the endpoint the SDK uses, in the framing the SDK receives (each event's JSON
     and a blank line): sandlot's share of a stream, without the SDK's per-event parse. The
-    events are counted (two newlines each: the JSON holds none; a one-byte count is the
-    cheapest scan) and the stream must end with ``execution_complete``, so a short or broken
-    stream cannot pass as a fast one."""
+    stream must end with ``execution_complete`` and the terminating chunk, so a short or
+    broken stream cannot pass as a fast one."""
     endpoint = await sandbox.get_endpoint(EXECD_PORT)
-    body = {"command": host.stream_command(size), "timeout": int(STREAM_BUDGET * 1000)}
-    newlines = 0
-    tail = b""
-    async with httpx.AsyncClient(headers=endpoint.headers, timeout=STREAM_BUDGET) as client:
-        url = f"http://{endpoint.endpoint}/command"
-        t0 = time.perf_counter()
-        async with client.stream("POST", url, json=body) as response:
-            response.raise_for_status()
-            async for chunk in response.aiter_raw():
-                newlines += chunk.count(b"\n")
-                tail = chunk[-256:] if len(chunk) >= 256 else (tail + chunk)[-256:]
-        elapsed = time.perf_counter() - t0
-    if b'"execution_complete"' not in tail:
+    body = json.dumps({"command": host.stream_command(size),
+                       "timeout": int(STREAM_BUDGET * 1000)}).encode()
+    elapsed, blank_lines, tail = await asyncio.to_thread(
+        _read_stream, endpoint.endpoint, dict(endpoint.headers or {}), body)
+    if b'"execution_complete"' not in tail or not tail.endswith(b"0\r\n\r\n"):
         raise RuntimeError(f"raw stream did not end with execution_complete: {tail[-120:]!r}")
-    return elapsed, newlines // 2 - 2  # init and execution_complete are not output
+    return elapsed, blank_lines - 2  # init and execution_complete are not output
 
 
 async def run(env: BenchEnv) -> list[Row]:
@@ -167,7 +189,7 @@ async def run(env: BenchEnv) -> list[Row]:
             higher_is_better=True,
             note="through the released SDK: one parsed event per 73-byte line"),
         Row(key="commands.stream_http", bench=BENCH,
-            label=f"stdout streaming ({size}), raw HTTP (no SDK parse)", unit="MB/s",
+            label=f"stdout streaming ({size}), raw HTTP (socket reader, no SDK parse)", unit="MB/s",
             sandlot=Measured("sandlot", stream_http), baselines=base_stream,
             higher_is_better=True,
             target=ratio_target(">=", 0.6, next((b for b in base_stream
