@@ -339,10 +339,11 @@ class FileRoutes:
             raise bad_request(f"path is a symbolic link, refusing to traverse: {path}")
         if not stat.S_ISDIR(st.st_mode):
             raise bad_request(f"path is not a directory: {path}")
-        try:  # the first piece opens and lists the directory: its errors are raised here
-            return listing.response(listing.pieces(path, depth))
+        try:
+            body = listing.listing_json(path, depth)
         except OSError as exc:
             raise failure("error listing directory", raw, exc.strerror or str(exc)) from None
+        return Response(body, media_type="application/json")
 
     async def make_dirs(self, request: Request) -> Response:
         body = expect_object(await json_body(request))

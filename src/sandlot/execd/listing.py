@@ -1,39 +1,32 @@
-"""``GET /directories/list``: the JSON array of every entry's ``file_info``, written as text
-while the walk goes on and sent in pieces.
-
-Why pieces: a 10,000-entry listing is ~1.8 MB of JSON and ~60 ms of execd's CPU (the
-``lstat`` calls through the sandbox's overlay file system are most of it). Written whole,
-nothing reached the client before the last entry was formatted, and then the server's relay
-and the client copied the body while execd sat idle. Sent in pieces of ``walk.RUN_LIMIT``
-entries (chunked, as the reference's Go server sends any body of more than 2 KiB), the relay
-and the client read one piece on the other CPU while execd stats and formats the next. A
-listing that fits in one piece is sent whole, with its Content-Length, as before.
+"""``GET /directories/list``: the JSON array of every entry's ``file_info``, written as text.
 
 Why text: building a dict per entry for the generic JSON encoder took two thirds of the
 time (py-spy, docs/benchmarks.md). Only names need escaping (one encoder call per run of
 entries), the other fields are numbers and fixed ASCII; type, owner, group and mode come
 from a cache keyed by the few (mode, uid, gid) a directory has, and a file whose change time
-equals its modification time (most) formats one timestamp. The bytes are those of
+equals its modification time (most) formats one timestamp. Each run of the walk
+(``walk.runs``) is formatted in one loop: for 10,000 files a generator step and a kept
+(path, stat) tuple per entry cost as much as the text itself. The bytes are those of
 ``json.dumps([file_info(...)], ensure_ascii=False, separators=(",", ":"))``, except for names
 that are not UTF-8: each undecodable byte is written as U+FFFD, as the reference's JSON
-encoder does (``json.dumps`` output could not be encoded at all).
+encoder does (``json.dumps`` output could not be encoded at all: a 500).
+
+Not streamed: sending a long listing in chunked pieces while the walk goes on (so that the
+server's relay and the client read meanwhile) was measured through a sandbox, paired with
+this whole-body answer under the same load: it cost execd ~5 ms more CPU per 10,000 entries
+(a socket write and a loop pass per piece) and answered ~5 ms later (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
-from collections.abc import AsyncIterator, Iterator
 from functools import lru_cache
-
-from starlette.responses import Response, StreamingResponse
 
 from sandlot.execd import walk
 from sandlot.execd.fileinfo import entry_type, group_name, iso, iso_second, mode_digits, user_name
 
-MEDIA_TYPE = "application/json"
 _json_text = json.JSONEncoder(ensure_ascii=False).encode  # a str's JSON literal
 # What the file system decoder makes of undecodable bytes (one lone surrogate each).
 _UNDECODABLE = re.compile("[\udc80-\udcff]")
@@ -91,47 +84,10 @@ def _utf8(text: str) -> bytes:
         return _UNDECODABLE.sub("\ufffd", text).encode()
 
 
-def pieces(root: str, max_depth: int | None,
-           piece_entries: int = walk.RUN_LIMIT) -> Iterator[tuple[bytes, bool]]:
-    """The listing's JSON in pieces of about ``piece_entries`` entries, each with whether
-    more follow; together they are the whole array. ``root`` is opened and listed for the
-    first piece: its errors (``OSError``) raise there, before anything is sent."""
+def listing_json(root: str, max_depth: int | None, run_limit: int = walk.RUN_LIMIT) -> bytes:
+    """The listing of ``root`` (``max_depth`` and ``run_limit`` as ``walk.runs``'s); an
+    unreadable ``root`` raises ``OSError``."""
     out: list[str] = []
-    opened = "["
-    for prefix, names, stats in walk.runs(root, max_depth=max_depth, limit=piece_entries):
+    for prefix, names, stats in walk.runs(root, max_depth=max_depth, limit=run_limit):
         _format(prefix, names, stats, out)
-        if len(out) >= piece_entries:
-            yield _utf8(opened + ",".join(out)), True
-            opened = ","
-            out.clear()
-    if out:
-        yield _utf8(opened + ",".join(out) + "]"), False
-    else:
-        yield (b"[]" if opened == "[" else b"]"), False
-
-
-def listing_json(root: str, max_depth: int | None) -> bytes:
-    """The whole listing at once."""
-    return b"".join(piece for piece, _ in pieces(root, max_depth))
-
-
-def response(listing: Iterator[tuple[bytes, bool]]) -> Response:
-    """The response for ``pieces``: its first piece must come first (so that ``root``'s
-    errors are raised before a response exists)."""
-    first, more = next(listing)
-    if not more:
-        return Response(first, media_type=MEDIA_TYPE)
-    return StreamingResponse(_send(first, listing), media_type=MEDIA_TYPE)
-
-
-async def _send(first: bytes, rest: Iterator[tuple[bytes, bool]]) -> AsyncIterator[bytes]:
-    yield first
-    while True:
-        # One loop pass before the next piece is made: the socket takes what is still
-        # buffered of the previous one (the relay has read some meanwhile), and other
-        # requests are not held up for the whole walk.
-        await asyncio.sleep(0)
-        item = next(rest, None)
-        if item is None:
-            return
-        yield item[0]
+    return _utf8("[" + ",".join(out) + "]")

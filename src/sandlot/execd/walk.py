@@ -19,7 +19,7 @@ from collections.abc import Iterator
 Run = tuple[str, list[str], list[os.stat_result]]
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-RUN_LIMIT = 512  # entries per run at most: a listing sends about this many per piece
+RUN_LIMIT = 512  # entries per run at most: the stat results held at once
 
 
 def runs(root: str, *, max_depth: int | None, limit: int = RUN_LIMIT) -> Iterator[Run]:
