@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import errno
 import grp
-import json
 import os
 import pwd
 import re
 import shutil
 import stat
-import time
-from collections.abc import AsyncIterator, Iterable, Iterator
-from datetime import UTC, datetime
-from functools import lru_cache
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
@@ -37,7 +33,8 @@ from sandlot.errors import (
     SandlotError,
     Unsupported,
 )
-from sandlot.execd import memory, paths
+from sandlot.execd import listing, memory, paths
+from sandlot.execd.fileinfo import file_info
 from sandlot.execd.http import (
     JSON,
     bad_request,
@@ -47,6 +44,7 @@ from sandlot.execd.http import (
     ok,
 )
 from sandlot.execd.settings import Settings
+from sandlot.execd.walk import walk
 
 CHUNK = 1 << 20
 
@@ -76,26 +74,6 @@ def parse_mode(value: Any, *, default: int) -> int:
     return int(text, 8)
 
 
-def mode_digits(st_mode: int) -> int:
-    return int(oct(stat.S_IMODE(st_mode))[2:])
-
-
-@lru_cache(maxsize=256)
-def user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-@lru_cache(maxsize=256)
-def group_name(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
-
-
 # Largest id chown(2) takes: (uid_t)-1 means "unchanged", so ids run 0 .. 2**32 - 2.
 _MAX_ID = 2**32 - 2
 
@@ -123,100 +101,6 @@ def resolve_gid(group: Any) -> int:
         return grp.getgrnam(str(group)).gr_gid
     except KeyError:
         raise RuntimeFailure(f"failed to lookup group {group}: unknown group") from None
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
-
-
-@lru_cache(maxsize=4096)
-def _iso_second(sec: int) -> str | None:
-    if not 0 <= sec < 253402300800:  # years 1970..9999 only: others take datetime
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
-
-
-def _iso_ns(ns: int) -> str:
-    """``_iso(ns / 1e9)`` (microseconds truncated), without a datetime per call: a listing
-    formats two per entry, and the files of a directory share few distinct seconds."""
-    sec, rem = divmod(ns, 1_000_000_000)
-    prefix = _iso_second(sec)
-    if prefix is None:
-        return _iso(ns / 1e9)
-    us = rem // 1000
-    return f"{prefix}.{us:06d}Z" if us else f"{prefix}Z"
-
-
-def entry_type(st_mode: int) -> str:
-    if stat.S_ISLNK(st_mode):
-        return "symlink"
-    if stat.S_ISDIR(st_mode):
-        return "directory"
-    if stat.S_ISREG(st_mode):
-        return "file"
-    return "other"
-
-
-def file_info(path: str, st: os.stat_result | None = None) -> dict[str, Any]:
-    st = st or os.lstat(path)
-    return {
-        "path": path,
-        "type": entry_type(st.st_mode),
-        "size": st.st_size,
-        "modified_at": _iso_ns(st.st_mtime_ns),
-        "created_at": _iso_ns(st.st_ctime_ns),
-        "owner": user_name(st.st_uid),
-        "group": group_name(st.st_gid),
-        "mode": mode_digits(st.st_mode),
-    }
-
-
-_json_text = json.JSONEncoder(ensure_ascii=False).encode  # a str's JSON literal
-
-
-@lru_cache(maxsize=4096)
-def _type_field(st_mode: int) -> str:
-    return f'"type":"{entry_type(st_mode)}"'
-
-
-@lru_cache(maxsize=4096)
-def _tail_fields(uid: int, gid: int, st_mode: int) -> str:
-    """``"owner":..,"group":..,"mode":N}``: the fields that come from few distinct values."""
-    return (f'"owner":{_json_text(user_name(uid))},"group":{_json_text(group_name(gid))},'
-            f'"mode":{mode_digits(st_mode)}}}')
-
-
-def _json_texts(texts: list[str]) -> list[str]:
-    """Each string's JSON literal, without its quotes, in one encoder call for all of them:
-    joined by NUL, which no path holds and the encoder writes as ``\\u0000``."""
-    if not texts:
-        return []
-    return _json_text("\0".join(texts))[1:-1].split("\\u0000")
-
-
-def listing_json(entries: Iterable[tuple[str, os.stat_result]]) -> bytes:
-    """The JSON array of ``file_info`` of each entry, written as text directly.
-
-    A 10,000-entry listing spent two thirds of its time building a dict per entry and in
-    the generic JSON encoder (py-spy, docs/benchmarks.md); only the path and the names need
-    escaping, the other fields are numbers and fixed ASCII. Per entry this is one f-string:
-    the paths are escaped in one call, the fields that depend on few values (type; owner,
-    group, mode) come from caches, and a file whose change time equals its modification
-    time (most) formats one timestamp. Same bytes as
-    ``json.dumps([file_info(...)], ensure_ascii=False, separators=(",", ":"))``.
-    """
-    entries = list(entries)
-    iso = _iso_ns
-    parts: list[str] = []
-    append = parts.append
-    for path, (_, st) in zip(_json_texts([path for path, _ in entries]), entries, strict=True):
-        mode, mtime, ctime = st.st_mode, st.st_mtime_ns, st.st_ctime_ns
-        modified = iso(mtime)
-        append(f'{{"path":"{path}",{_type_field(mode)},"size":{st.st_size},'
-               f'"modified_at":"{modified}",'
-               f'"created_at":"{modified if ctime == mtime else iso(ctime)}",'
-               f'{_tail_fields(st.st_uid, st.st_gid, mode)}')
-    return ("[" + ",".join(parts) + "]").encode()
 
 
 def apply_owner(path: str, owner: Any, group: Any) -> None:
@@ -456,7 +340,7 @@ class FileRoutes:
         if not stat.S_ISDIR(st.st_mode):
             raise bad_request(f"path is not a directory: {path}")
         try:
-            body = listing_json(walk(path, max_depth=depth))
+            body = listing.listing_json(path, depth)
         except OSError as exc:
             raise failure("error listing directory", raw, exc.strerror or str(exc)) from None
         return Response(body, media_type="application/json")
@@ -512,49 +396,6 @@ class FileRoutes:
                 raise failure("error removing directory", raw,
                               failures[0].strerror or str(failures[0]))
         return ok()
-
-
-def walk(root: str, *, max_depth: int | None) -> Iterator[tuple[str, os.stat_result]]:
-    """Entries under ``root`` depth-first in lexical order; symlinks are not followed.
-
-    Names from ``listdir`` (plain strings) and one ``lstat`` each, relative to the open
-    directory (no path lookup per entry): measured on 10,000 files, ``scandir``'s entry
-    objects sorted by name and then stat'ed cost 1.5x this, ``lstat`` of full paths ~1.1x.
-    An unreadable ``root`` raises; an unreadable directory below it is skipped."""
-    if max_depth is not None and max_depth <= 0:
-        return
-    fd = os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW)
-    try:
-        yield from _visit(root, fd, 1, max_depth)
-    finally:
-        os.close(fd)
-
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _visit(directory: str, fd: int, level: int,
-           max_depth: int | None) -> Iterator[tuple[str, os.stat_result]]:
-    names = sorted(os.listdir(fd))
-    prefix = directory if directory.endswith("/") else directory + "/"
-    for name in names:
-        try:
-            st = os.lstat(name, dir_fd=fd)
-        except OSError:
-            continue
-        path = prefix + name
-        yield path, st
-        if stat.S_ISDIR(st.st_mode) and (max_depth is None or level < max_depth):
-            try:
-                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except PermissionError:
-                continue
-            try:
-                yield from _visit(path, sub, level + 1, max_depth)
-            except PermissionError:  # its listing: skipped, as an unopenable one
-                continue
-            finally:
-                os.close(sub)
 
 
 def glob_matcher(pattern: str) -> Any:
