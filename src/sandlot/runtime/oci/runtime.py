@@ -248,6 +248,7 @@ class OciRuntime(Runtime):
                                   parallel=self._refills_at_once())
         self._made_warm: set[str] = set()  # warm containers this instance started
         self.leftovers = leftovers.BackgroundSweep()  # a crashed server's warm containers
+        self.removals = removal.Remover()  # deleted sandboxes' directories
         self.snapshots = SnapshotLayers(data_dir / "snapshots")
         # Warm containers of the snapshots sandboxes are created from (snapshot_pools.py).
         self.snapshot_pools = SnapshotPools(snapshot_pool_size, snapshot_pools_max,
@@ -599,8 +600,13 @@ class OciRuntime(Runtime):
         """Remove every trace of a container, whatever state a crash left it in."""
         p = SandboxPaths.of(self.data_dir, sandbox_id)
         await hibernate.settle(sandbox_id)  # a just-hibernated one's deferred runsc delete
-        await asyncio.to_thread(cgroups.kill_all, sandbox_id)
-        await self.runc.delete_force(sandbox_id)
+        emptied = await asyncio.to_thread(cgroups.kill_all, sandbox_id)
+        if not emptied or self.gvisor:
+            # With no process left, all runc's delete would do is remove the container's
+            # cgroups and its state: both are done below, without a fork and exec of runc
+            # (~18 ms of a delete's ~50 on the 2-core VM, ~30 while warm starts run).
+            # runsc's sandbox and gofer also hold host state of their own: it deletes them.
+            await self.runc.delete_force(sandbox_id)
         await asyncio.to_thread(cgroups.remove_sandbox_cgroups, sandbox_id)
         # only once the container is gone; raises if a volume stays mounted
         await asyncio.to_thread(volumes.unstage, p.root, sandbox_id, self.pvcs)
@@ -617,7 +623,7 @@ class OciRuntime(Runtime):
         left = mounts.mounts_under(p.root)
         if left:  # never rmtree through a mount (a volume's or the host's files)
             raise RuntimeFailure(f"sandbox {sandbox_id}: still mounted: {', '.join(left)}")
-        await asyncio.to_thread(removal.remove_tree, p.root)
+        self.removals.remove_later(p.root)  # renamed now, removed after the answer
         self.ranges.release(sandbox_id)
 
     # -- named pools --------------------------------------------------------------------
@@ -859,6 +865,7 @@ class OciRuntime(Runtime):
         self._connector.close()
         if self.network is not None:
             await self.network.close()
+        await self.removals.close()
         if self._pool_lock_fd is not None:
             os.close(self._pool_lock_fd)  # releases the pool lock
             self._pool_lock_fd = None
