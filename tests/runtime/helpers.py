@@ -226,9 +226,9 @@ async def runtime_fixture(data_dir: Path) -> AsyncIterator[OciRuntime]:
         await rt.close()
         left = {sid: what for sid in ids if (what := leftovers(rt, sid))}
         assert not left, f"sandboxes left traces behind: {left}"
-        # Deleted sandboxes' directories are removed after the delete answered: by close.
+        # A delete removes the sandbox's directory (renamed to trash first) entirely.
         trash = [n for n in os.listdir(data_dir / "sandboxes") if removal.is_trash(n)]
-        assert not trash, f"close left deleted sandboxes' directories: {trash}"
+        assert not trash, f"deleted sandboxes' directories left as trash: {trash}"
         # The data dir's folder of rootfs mount points goes once no sandbox is in it.
         digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
         assert not (ROOTS_DIR / digest).exists(), sorted(os.listdir(ROOTS_DIR / digest))

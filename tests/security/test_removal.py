@@ -60,20 +60,3 @@ def test_removal_of_missing_tree_is_a_no_op(tmp_path: Path) -> None:
     os.symlink("/etc", tmp_path / "link")
     remove_tree(tmp_path / "link")  # a symlink is removed, never followed
     assert Path("/etc/passwd").exists() and not (tmp_path / "link").exists()
-
-
-async def test_remover_renames_at_once_and_removes_later(tmp_path: Path) -> None:
-    from sandlot.runtime.oci.removal import Remover, is_trash
-
-    remover = Remover()
-    root = _populated(tmp_path)
-    remover.remove_later(root)
-    assert not root.exists()  # gone from its path before remove_later returns
-    await remover.wait()
-    assert not [p for p in tmp_path.iterdir() if is_trash(p.name)]
-    await remover.close()
-    remover.remove_later(tmp_path / "never-was")  # nothing to do
-    again = _populated(tmp_path)  # usable after close: a new thread
-    remover.remove_later(again)
-    await remover.close()
-    assert list(tmp_path.iterdir()) == []

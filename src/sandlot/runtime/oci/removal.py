@@ -6,26 +6,18 @@ appear under ``shutil.rmtree``, which then failed with ``FileNotFoundError``. Th
 first renamed out of the way (one atomic step: whatever still works on the old path from then
 on finds nothing), then removed with vanished entries ignored. A second delete finds nothing
 to do. A crash in between leaves a ``.trash-*`` entry that ``sweep_trash`` removes later.
-
-A delete answers once the rename is done: ``Remover`` removes the renamed tree afterwards,
-on a thread of its own (removing a sandbox's directories was 7-20 ms of a ~50 ms delete on
-the 2-core VM, mostly the file system's ``rmdir``), and the runtime's close waits for it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import errno
-import logging
 import os
 import secrets
 import shutil
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-log = logging.getLogger(__name__)
 TRASH_PREFIX = ".trash-"
 PASSES = 10
 
@@ -60,63 +52,14 @@ def _unlink(path: Path) -> None:
         pass
 
 
-def to_trash(path: Path) -> Path | None:
-    """Rename ``path`` to a trash entry beside it (None when there is no ``path``)."""
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` and everything below it; idempotent (a missing path is fine)."""
     trash = path.with_name(f"{TRASH_PREFIX}{path.name}-{secrets.token_hex(4)}")
     try:
         os.rename(path, trash)
     except FileNotFoundError:
-        return None
-    return trash
-
-
-def remove_tree(path: Path) -> None:
-    """Remove ``path`` and everything below it; idempotent (a missing path is fine)."""
-    trash = to_trash(path)
-    if trash is not None:
-        _remove(trash)
-
-
-class Remover:
-    """Removes trashed trees one after another on a thread of its own, so that a burst of
-    deletes neither waits for them nor fills the event loop's default executor, which
-    creates and claims need meanwhile."""
-
-    def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None  # made on first use, ended by close
-        self._pending: set[Future[None]] = set()
-
-    def remove_later(self, path: Path) -> None:
-        """Rename ``path`` out of the way now; remove it soon. A tree that cannot be removed
-        is logged and stays as trash (``sweep_trash`` tries again at the next start)."""
-        trash = to_trash(path)
-        if trash is None:
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="sandlot-remove")
-        future = self._pool.submit(_remove_logged, trash)
-        self._pending.add(future)
-        future.add_done_callback(self._pending.discard)
-
-    async def wait(self) -> None:
-        """Until every removal asked for so far has finished."""
-        pending = list(self._pending)
-        if pending:
-            await asyncio.gather(*(asyncio.wrap_future(f) for f in pending))
-
-    async def close(self) -> None:
-        """Wait for the removals and end the thread (a later ``remove_later`` starts one)."""
-        await self.wait()
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await asyncio.to_thread(pool.shutdown)
-
-
-def _remove_logged(trash: Path) -> None:
-    try:
-        _remove(trash)
-    except OSError:
-        log.warning("could not remove %s (removed at the next start)", trash, exc_info=True)
+        return
+    _remove(trash)
 
 
 def sweep_trash(parent: Path) -> None:

@@ -248,7 +248,6 @@ class OciRuntime(Runtime):
                                   parallel=self._refills_at_once())
         self._made_warm: set[str] = set()  # warm containers this instance started
         self.leftovers = leftovers.BackgroundSweep()  # a crashed server's warm containers
-        self.removals = removal.Remover()  # deleted sandboxes' directories
         self.snapshots = SnapshotLayers(data_dir / "snapshots")
         # Warm containers of the snapshots sandboxes are created from (snapshot_pools.py).
         self.snapshot_pools = SnapshotPools(snapshot_pool_size, snapshot_pools_max,
@@ -623,7 +622,7 @@ class OciRuntime(Runtime):
         left = mounts.mounts_under(p.root)
         if left:  # never rmtree through a mount (a volume's or the host's files)
             raise RuntimeFailure(f"sandbox {sandbox_id}: still mounted: {', '.join(left)}")
-        self.removals.remove_later(p.root)  # renamed now, removed after the answer
+        await asyncio.to_thread(removal.remove_tree, p.root)
         self.ranges.release(sandbox_id)
 
     # -- named pools --------------------------------------------------------------------
@@ -865,7 +864,6 @@ class OciRuntime(Runtime):
         self._connector.close()
         if self.network is not None:
             await self.network.close()
-        await self.removals.close()
         if self._pool_lock_fd is not None:
             os.close(self._pool_lock_fd)  # releases the pool lock
             self._pool_lock_fd = None
