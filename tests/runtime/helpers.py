@@ -24,7 +24,7 @@ from sandlot.config import Config
 from sandlot.errors import ImageNotFound
 from sandlot.images.model import Image
 from sandlot.runtime.base import ImageRef, SandboxSpec
-from sandlot.runtime.oci import OciRuntime
+from sandlot.runtime.oci import OciRuntime, removal
 from sandlot.runtime.oci import cgroups as cg
 from sandlot.runtime.oci.layout import netns_name
 from sandlot.runtime.oci.runtime import ROOTS_DIR
@@ -226,6 +226,9 @@ async def runtime_fixture(data_dir: Path) -> AsyncIterator[OciRuntime]:
         await rt.close()
         left = {sid: what for sid in ids if (what := leftovers(rt, sid))}
         assert not left, f"sandboxes left traces behind: {left}"
+        # A delete removes the sandbox's directory (renamed to trash first) entirely.
+        trash = [n for n in os.listdir(data_dir / "sandboxes") if removal.is_trash(n)]
+        assert not trash, f"deleted sandboxes' directories left as trash: {trash}"
         # The data dir's folder of rootfs mount points goes once no sandbox is in it.
         digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
         assert not (ROOTS_DIR / digest).exists(), sorted(os.listdir(ROOTS_DIR / digest))

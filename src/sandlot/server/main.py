@@ -18,6 +18,7 @@ from sandlot.http_deadlines import deadline_protocol
 from sandlot.net import hostmode
 from sandlot.runtime.base import Runtime
 from sandlot.runtime.registry import runtime_class
+from sandlot.server import gcfreeze
 from sandlot.server.quantity import parse_ephemeral_storage
 from sandlot.server.tenancy.directory import TenantsFileError
 from sandlot.server.tenancy.setup import reload_tenants, tenant_directory
@@ -134,6 +135,7 @@ async def _serve(cfg: Config) -> int:
             signal.signal(sig, _after_shutdown)
         asyncio.get_running_loop().add_signal_handler(
             signal.SIGHUP, reload_tenants, app.state.authenticators)
+        log.debug("garbage collector: %d start-up objects frozen", gcfreeze.freeze_start_up())
         await server.serve()
         return 0 if server.started else 1
     finally:

@@ -92,8 +92,10 @@ def remove_sandbox_cgroups(sandbox_id: str, timeout: float = 5.0) -> None:
 def kill_all(sandbox_id: str, timeout: float = 2.0) -> bool:
     """SIGKILL every process of a running (not frozen) sandbox and wait until none is left.
 
-    Done before ``runc delete --force``, whose own kill-and-wait loop polls slowly; returns
-    False if processes remain (runc then does the rest).
+    Done instead of ``runc delete --force``, whose own kill-and-wait loop polls slowly: True
+    when none is left (also when the sandbox has no cgroup), so removing the cgroups and
+    runc's state is all that remains; False if processes remain or the sandbox is frozen
+    (``runc delete --force`` then does the rest).
     """
     dirs = sandbox_cgroup_dirs(sandbox_id)
     freezer = next((d for d in dirs if (d / "freezer.state").exists()), None)

@@ -599,8 +599,13 @@ class OciRuntime(Runtime):
         """Remove every trace of a container, whatever state a crash left it in."""
         p = SandboxPaths.of(self.data_dir, sandbox_id)
         await hibernate.settle(sandbox_id)  # a just-hibernated one's deferred runsc delete
-        await asyncio.to_thread(cgroups.kill_all, sandbox_id)
-        await self.runc.delete_force(sandbox_id)
+        emptied = await asyncio.to_thread(cgroups.kill_all, sandbox_id)
+        if not emptied or self.gvisor:
+            # With no process left, all runc's delete would do is remove the container's
+            # cgroups and its state: both are done below, without a fork and exec of runc
+            # (~18 ms of a delete's ~50 on the 2-core VM, ~30 while warm starts run).
+            # runsc's sandbox and gofer also hold host state of their own: it deletes them.
+            await self.runc.delete_force(sandbox_id)
         await asyncio.to_thread(cgroups.remove_sandbox_cgroups, sandbox_id)
         # only once the container is gone; raises if a volume stays mounted
         await asyncio.to_thread(volumes.unstage, p.root, sandbox_id, self.pvcs)
