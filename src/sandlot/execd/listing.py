@@ -25,7 +25,7 @@ import re
 from functools import lru_cache
 
 from sandlot.execd import walk
-from sandlot.execd.fileinfo import entry_type, group_name, iso, iso_second, mode_digits, user_name
+from sandlot.execd.fileinfo import entry_type, group_name, iso_ns, mode_digits, user_name
 
 _json_text = json.JSONEncoder(ensure_ascii=False).encode  # a str's JSON literal
 # What the file system decoder makes of undecodable bytes (one lone surrogate each).
@@ -52,27 +52,12 @@ def _format(prefix: str, names: list[str], stats: list[os.stat_result],
             out: list[str]) -> None:
     """Append each entry's JSON object to ``out``."""
     path_prefix = _json_text(prefix)[1:-1]
-    append, fields, second = out.append, _fields, iso_second
+    append, fields = out.append, _fields
     for name, st in zip(_json_names(names), stats, strict=True):
         mode, mtime, ctime = st.st_mode, st.st_mtime_ns, st.st_ctime_ns
         head, tail = fields(mode, st.st_uid, st.st_gid)
-        sec, rem = divmod(mtime, 1_000_000_000)
-        day_time = second(sec)
-        if day_time is None:
-            modified = iso(mtime / 1e9)
-        else:
-            us = rem // 1000
-            modified = f"{day_time}.{us:06d}Z" if us else f"{day_time}Z"
-        if ctime == mtime:
-            created = modified
-        else:
-            sec, rem = divmod(ctime, 1_000_000_000)
-            day_time = second(sec)
-            if day_time is None:
-                created = iso(ctime / 1e9)
-            else:
-                us = rem // 1000
-                created = f"{day_time}.{us:06d}Z" if us else f"{day_time}Z"
+        modified = iso_ns(mtime)
+        created = modified if ctime == mtime else iso_ns(ctime)
         append(f'{{"path":"{path_prefix}{name}",{head}{st.st_size},"modified_at":"{modified}",'
                f'"created_at":"{created}",{tail}')
 
