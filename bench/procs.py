@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
@@ -125,6 +126,12 @@ def execd_pids(sandbox_ids: Collection[str] | None = None) -> set[int]:
         if parent not in found:
             tops.add(pid)
     return tops
+
+
+def self_cpu_seconds() -> float:
+    """User + system CPU of this process so far (a measuring client's own cost)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def cpu_seconds(pids: Iterable[int]) -> dict[int, float]:

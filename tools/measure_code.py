@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import shutil
 import socket
 import statistics
@@ -39,9 +38,10 @@ from typing import Any
 import httpx
 import psutil
 from bench.baselines.jupyter import JupyterBaseline
-from bench.procs import execd_pids
+from bench.procs import execd_pids, self_cpu_seconds
 from bench.sdk import Sandboxes
 from bench.server import SandlotServer
+from bench.stats import percentile
 from code_interpreter import CodeInterpreter
 from code_interpreter.adapters.code_adapter import CodesAdapter
 from opensandbox.config import ConnectionConfig
@@ -62,16 +62,6 @@ def _cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def _self_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
-
-
 @dataclass
 class Target:
     """Where runs go: an endpoint with its headers, and the processes whose CPU counts."""
@@ -88,7 +78,7 @@ class Target:
 
     def sample(self) -> tuple[float, float, float, float]:
         return (_cpu(self.server_pid), _cpu(self.execd_pid),
-                sum(_cpu(p) for p in self.kernel_pids()), _self_cpu())
+                sum(_cpu(p) for p in self.kernel_pids()), self_cpu_seconds())
 
 
 Runner = Callable[[], Awaitable[None]]
@@ -117,8 +107,8 @@ async def _timed(target: Target, runs: int, one: Runner,
 def _report(name: str, walls: list[float], cpu: list[float], base: float | None) -> None:
     p50 = statistics.median(walls) * 1e3
     ratio = f" ({p50 / base:.2f}x)" if base else ""
-    print(f"  {name:7} p50 {p50:6.2f}{ratio:9} p90 {_pct(walls, .9) * 1e3:6.2f} "
-          f"p99 {_pct(walls, .99) * 1e3:6.2f} ms | CPU ms/run server {cpu[0]:.2f} "
+    print(f"  {name:7} p50 {p50:6.2f}{ratio:9} p90 {percentile(sorted(walls), 90) * 1e3:6.2f} "
+          f"p99 {percentile(sorted(walls), 99) * 1e3:6.2f} ms | CPU ms/run server {cpu[0]:.2f} "
           f"execd {cpu[1]:.2f} kernel {cpu[2]:.2f} client {cpu[3]:.2f}", flush=True)
 
 
@@ -205,9 +195,10 @@ async def _cold(label: str, codes: Any, n: int) -> None:
         for c in (first, new):
             await codes.delete_context(c.id)
     s50, m50 = statistics.median(starts), statistics.median(made)
-    print(f"{label} cold: host kernel start p50 {s50 * 1e3:.0f} p90 "
-          f"{_pct(starts, .9) * 1e3:.0f} ms; back-to-back context + 1+1 p50 {m50 * 1e3:.0f} "
-          f"p90 {_pct(made, .9) * 1e3:.0f} ms ({m50 / s50:.2f}x)", flush=True)
+    s90, m90 = percentile(sorted(starts), 90), percentile(sorted(made), 90)
+    print(f"{label} cold: host kernel start p50 {s50 * 1e3:.0f} p90 {s90 * 1e3:.0f} ms; "
+          f"back-to-back context + 1+1 p50 {m50 * 1e3:.0f} p90 {m90 * 1e3:.0f} ms "
+          f"({m50 / s50:.2f}x)", flush=True)
 
 
 def _start_execd(tmp: Path, src: str | None) -> tuple[psutil.Popen, Target]:

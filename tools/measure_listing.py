@@ -34,9 +34,11 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import httpx
+from bench.benchmarks.files import scandir_stat
 from bench.procs import execd_pids
 from bench.sdk import Sandboxes
 from bench.server import SandlotServer
+from bench.stats import percentile
 
 from sandlot.execd.protocol import DEFAULT_PORT as EXECD_PORT
 from sandlot.runtime.oci.netns import socket_in
@@ -81,19 +83,6 @@ def raw_get(sock: socket.socket, request: bytes, buf: bytearray) -> int:
             raise ConnectionError("closed in the body")
         total += n
         tail = (tail + bytes(view[:n]))[-5:]
-
-
-def scandir_stat(root: Path) -> float:
-    t0 = time.perf_counter()
-    with os.scandir(root) as it:
-        for entry in it:
-            entry.stat()
-    return time.perf_counter() - t0
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(len(s) * q))]
 
 
 async def profile(cmds: list[str], execd_pid: int, sock: socket.socket, request: bytes,
@@ -195,7 +184,8 @@ async def measure(rounds: int, entries: int, scratch: Path,
             p50 = statistics.median(values)
             parts = ", ".join(f"{who} {1000 * statistics.median(v):.1f}"
                               for who, v in cpu[name].items())
-            print(f"{name:<14} p50 {1000 * p50:6.1f} ms  p90 {1000 * pct(values, 0.9):6.1f}"
+            p90 = percentile(sorted(values), 90)
+            print(f"{name:<14} p50 {1000 * p50:6.1f} ms  p90 {1000 * p90:6.1f}"
                   f"  ({p50 / base:4.2f}x)  ms p50: {parts}")
     finally:
         await sandboxes.shut_down()

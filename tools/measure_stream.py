@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -26,9 +25,10 @@ import uuid
 from pathlib import Path
 
 from bench.benchmarks.commands import stream_raw
-from bench.procs import execd_pids
+from bench.procs import execd_pids, self_cpu_seconds
 from bench.sdk import Sandboxes
 from bench.server import SandlotServer
+from bench.stats import percentile
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -38,16 +38,6 @@ def _cpu(pid: int) -> tuple[float, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return ((int(fields[11]) + int(fields[12])) / TICK,
             (int(fields[13]) + int(fields[14])) / TICK)
-
-
-def _self_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
 async def _measure(server: SandlotServer, rounds: int, size: int, perf: float, pyspy: int,
@@ -67,9 +57,9 @@ async def _measure(server: SandlotServer, rounds: int, size: int, perf: float, p
         await stream_raw(sandbox, 4 << 20)  # warm-up
         rows: list[tuple[float, float, float, float, float]] = []
         for _ in range(rounds):
-            s0, e0, c0 = _cpu(server.pid)[0], _cpu(execd), _self_cpu()
+            s0, e0, c0 = _cpu(server.pid)[0], _cpu(execd), self_cpu_seconds()
             elapsed, _events = await stream_raw(sandbox, size)
-            s1, e1, c1 = _cpu(server.pid)[0], _cpu(execd), _self_cpu()
+            s1, e1, c1 = _cpu(server.pid)[0], _cpu(execd), self_cpu_seconds()
             rows.append((size / elapsed / 1e6, s1 - s0, e1[0] - e0[0], e1[1] - e0[1], c1 - c0))
         mib = size / (1 << 20)
         print(f"load {os.getloadavg()[0]:.2f}; {rounds} x {mib:.0f} MiB; CPU in ms per MiB")
@@ -78,7 +68,7 @@ async def _measure(server: SandlotServer, rounds: int, size: int, perf: float, p
             print(f"{mbs:7.1f} {srv * 1e3 / mib:7.2f} {exd * 1e3 / mib:6.2f} "
                   f"{cmd * 1e3 / mib:8.2f} {cli * 1e3 / mib:7.2f}")
         speeds = [r[0] for r in rows]
-        print(f"MB/s p50 {statistics.median(speeds):.1f} p90 {_pct(speeds, 0.9):.1f} "
+        print(f"MB/s p50 {statistics.median(speeds):.1f} p90 {percentile(sorted(speeds), 90):.1f} "
               f"min {min(speeds):.1f}")
         for i, name in enumerate(("server", "execd", "command", "client"), start=1):
             per = [r[i] * 1e3 / mib for r in rows]

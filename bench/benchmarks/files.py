@@ -58,7 +58,7 @@ def host_copy(src: Path, dst: Path, runs: int) -> tuple[list[float], list[float]
     return writes, reads
 
 
-def _scandir_stat(root: Path) -> float:
+def scandir_stat(root: Path) -> float:
     t0 = time.perf_counter()
     with os.scandir(root) as it:
         for entry in it:
@@ -76,10 +76,10 @@ def host_listing(root: Path, entries: int, runs: int,
     plain: list[float] = []
     inside: list[float] = []
     for _ in range(runs):
-        plain.append(_scandir_stat(root))
+        plain.append(scandir_stat(root))
         if shared is not None:
             with shared.thread_inside():
-                inside.append(_scandir_stat(root))
+                inside.append(scandir_stat(root))
     if shared is not None:
         shared.remove()
     shutil.rmtree(root)
