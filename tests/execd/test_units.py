@@ -292,6 +292,31 @@ def test_a_line_longer_than_the_cap_is_sent_in_pieces_on_character_boundaries() 
         piece.decode()  # never a split character
 
 
+def test_a_partial_line_of_exactly_the_cap_is_sent_whole() -> None:
+    framer = LineFramer(max_line=8)
+    assert framer.feed(b"abcdefgh") == b"abcdefgh\n"  # was an IndexError at the cut
+    assert not framer.verbatim and framer.flush() == b""
+
+
+def test_region_line_counts_and_verbatim_reads_agree_with_counting() -> None:
+    # Execution.feed gives the encoder's line count to the output log when the framer's
+    # lines hold exactly the read's newlines (no \r rewritten, no line dropped or cut).
+    import random
+
+    rnd = random.Random(11)
+    alphabet = [b"a", b"\n", b"\n", b"\r", b"\r\n", b'"', b"\x1b", b"\xff", b"xyz"]
+    for session in (False, True):
+        framer = LineFramer(session=session, max_line=16)
+        for _ in range(3000):
+            data = b"".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 10)))
+            region = framer.feed(data)
+            if region:
+                _, lines = sse.encode_region_counted("stdout", region, frames=True)
+                assert lines == region.count(b"\n")
+            if framer.verbatim:
+                assert region.count(b"\n") == data.count(b"\n")
+
+
 def test_output_log_cursor_with_any_chunking(tmp_path: Path) -> None:
     import random
 

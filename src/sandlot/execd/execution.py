@@ -83,12 +83,17 @@ class Execution:
         """Record output of ``stream`` ("stdout" | "stderr")."""
         if not data:
             return
-        self.log.write(data)
         if self.journal.closed:
+            self.log.write(data)
             return
-        region = self._framers[stream].feed(data)
-        if region:
-            self.journal.append_frames(sse.encode_region(stream, region, frames=True))
+        framer = self._framers[stream]
+        region = framer.feed(data)
+        if not region:
+            self.log.write(data)
+            return
+        frames, lines = sse.encode_region_counted(stream, region, frames=True)
+        self.log.write(data, lines if framer.verbatim else None)
+        self.journal.append_frames(frames)
 
     def finish(
         self, exit_code: int, *, error: str | None = None, ename: str = "CommandExecError"

@@ -277,7 +277,9 @@ class OutputLog:
         """The execution ended: free the write descriptor (reads reopen the file)."""
         self._file.close()
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes, newlines: int | None = None) -> None:
+        """Append ``data``; ``newlines``: its count of ``\\n`` when the caller knows it already
+        (the encoder's, see ``Execution.feed``): a count pass costs as much as the framing."""
         if not self._file.writable:
             return
         offset = self._file.append(data)
@@ -288,7 +290,7 @@ class OutputLog:
             self._lines_before[offset] = self.lines
         # O(1) Python work per write whatever the line count (a loop per line cost a quarter
         # of a streaming command's CPU): count in C, index at most one line start per write.
-        count = data.count(b"\n")
+        count = data.count(b"\n") if newlines is None else newlines
         if count:
             if self.lines + 1 - self._index_lines[-1] >= INDEX_EVERY:
                 self._index_lines.append(self.lines + 1)

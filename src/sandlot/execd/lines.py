@@ -28,6 +28,8 @@ _TERMINATOR = re.compile(rb"\r\n|\r")
 
 def _utf8_cut(data: bytes, limit: int) -> int:
     """The largest cut <= ``limit`` that does not split a UTF-8 character (``limit`` if none)."""
+    if limit >= len(data):  # nothing after the cut to split
+        return limit
     cut = limit
     while cut > max(0, limit - 3) and (data[cut] & 0xC0) == 0x80:
         cut -= 1
@@ -37,34 +39,57 @@ def _utf8_cut(data: bytes, limit: int) -> int:
 class LineFramer:
     """Splits one stream's bytes into complete lines; keeps the partial tail until more comes."""
 
-    __slots__ = ("_after_cr", "_pending", "_session", "max_line")
+    __slots__ = ("_after_cr", "_pending", "_session", "max_line", "verbatim")
 
     def __init__(self, *, session: bool = False, max_line: int = MAX_LINE) -> None:
         self._session = session
         self._pending = b""
         self._after_cr = False
         self.max_line = max_line
+        # Whether the last ``feed``'s lines hold exactly the newlines of its data (no ``\r``
+        # turned into one, no line dropped or cut): the caller can count them once for both.
+        self.verbatim = True
 
     def feed(self, data: bytes) -> bytes:
         """The lines ``data`` completes, each ending in ``\\n`` (``b""`` when none)."""
+        self.verbatim = True
         if self._session:
             return self._feed_session(data)
         if self._after_cr:
             self._after_cr = False
             if data[:1] == b"\n":  # second half of a \r\n split between two reads
                 data = data[1:]
+                self.verbatim = False
+        if b"\r" in data:  # (a held partial line never holds one)
+            return self._feed_cr(data)
+        last = data.rfind(b"\n")
+        if last < 0:
+            return self._hold(self._pending + data if self._pending else data)
+        if last + 1 == len(data):  # the usual fast-stream read: whole lines, no copy
+            region = self._pending + data if self._pending else data
+            self._pending = b""
+            return region
+        # One copy of the lines (the held partial line and this read's complete lines).
+        region = b"".join((self._pending, memoryview(data)[: last + 1]))
+        self._pending = b""
+        tail = data[last + 1:]
+        if len(tail) >= self.max_line:
+            return region + self._hold(tail)
+        self._pending = tail
+        return region
+
+    def _feed_cr(self, data: bytes) -> bytes:
+        self.verbatim = False
         if self._pending:
             data = self._pending + data
             self._pending = b""
-        has_cr = b"\r" in data
-        last = max(data.rfind(b"\n"), data.rfind(b"\r")) if has_cr else data.rfind(b"\n")
+        last = max(data.rfind(b"\n"), data.rfind(b"\r"))
         if last < 0:
             return self._hold(data)
         region, tail = data[: last + 1], data[last + 1 :]
-        if has_cr:
-            if not tail and region[-1:] == b"\r":
-                self._after_cr = True
-            region = _TERMINATOR.sub(b"\n", region)
+        if not tail and region[-1:] == b"\r":
+            self._after_cr = True
+        region = _TERMINATOR.sub(b"\n", region)
         return region + self._hold(tail) if tail else region
 
     def _feed_session(self, data: bytes) -> bytes:
@@ -76,6 +101,7 @@ class LineFramer:
             return self._hold(data)
         region, tail = data[: last + 1], data[last + 1 :]
         if b"\r\n" in region or b"\n\n" in region or region[:1] == b"\n":
+            self.verbatim = False
             lines = region[:-1].split(b"\n")
             kept = [line[:-1] if line[-1:] == b"\r" else line for line in lines]
             region = b"".join(line + b"\n" for line in kept if line)
@@ -85,6 +111,7 @@ class LineFramer:
         """Keep ``partial`` for later; pieces of it beyond ``max_line`` go out now."""
         out = b""
         while len(partial) >= self.max_line:
+            self.verbatim = False
             cut = _utf8_cut(partial, self.max_line)
             out += partial[:cut] + b"\n"
             partial = partial[cut:]
