@@ -16,8 +16,23 @@ from pathlib import Path
 PARENT = "sandlot"
 
 
-def cgroup_mounts() -> list[Path]:
-    """Mount points of every cgroup hierarchy (v1 controllers, named ones and v2)."""
+_mounts: tuple[Path, ...] = ()
+
+
+def cgroup_mounts() -> tuple[Path, ...]:
+    """Mount points of every cgroup hierarchy (v1 controllers, named ones and v2).
+
+    Read once found: the hierarchies are mounted at boot and stay, while mountinfo grows by
+    every sandbox's mounts (its overlay and idmapped layers: two lines a sandbox), so
+    reading it on each create and delete cost O(sandboxes) in a burst, on a worker thread
+    holding the GIL. None found is not kept (asked again next time)."""
+    global _mounts
+    if not _mounts:
+        _mounts = _read_cgroup_mounts()
+    return _mounts
+
+
+def _read_cgroup_mounts() -> tuple[Path, ...]:
     found = []
     with open("/proc/self/mountinfo") as fh:
         for line in fh:
@@ -25,7 +40,7 @@ def cgroup_mounts() -> list[Path]:
             fstype = right.split()[0] if right else ""
             if fstype in ("cgroup", "cgroup2"):
                 found.append(Path(left.split()[4]))
-    return found
+    return tuple(found)
 
 
 def is_unified_only() -> bool:
