@@ -60,6 +60,11 @@ class IopubListener:
         if handler is not None:
             self._drain()
 
+    def drain(self) -> None:
+        """Take what is queued now: the waits call it on their timeouts, so a wake-up the
+        descriptor missed (it is cleared by any command processing) cannot stall them."""
+        self._drain()
+
     def _drain(self) -> None:
         sock = self._sock
         while True:

@@ -84,13 +84,20 @@ class JupyterKernel:
         self._kc.start_channels(**CHANNELS)
         self._iopub = IopubListener(self._km.connect_iopub(), self._kc.session)
         try:
-            await ready.wait_ready(self._kc, timeout, self.is_alive, iopub=self._iopub.first)
+            await ready.wait_ready(self._kc, timeout, self._drain_and_alive,
+                                   iopub=self._iopub.first)
         except RuntimeError as exc:
             await self.shutdown()
             raise KernelDied(self._returncode()) from exc
         except BaseException:
             await self.shutdown()
             raise
+
+    async def _drain_and_alive(self) -> bool:
+        """``is_alive`` for readiness's nudges, which also take any iopub message queued."""
+        if self._iopub is not None:
+            self._iopub.drain()
+        return await self.is_alive()
 
     async def is_alive(self) -> bool:
         return bool(await self._km.is_alive())
@@ -117,6 +124,8 @@ class JupyterKernel:
         try:
             while not done.done():
                 await asyncio.wait({done}, timeout=_POLL)
+                if not done.done():
+                    iopub.drain()
                 if not done.done() and not await self._km.is_alive():
                     await asyncio.sleep(0.05)  # let the reaper record the status
                     raise KernelDied(self._returncode()) from None
