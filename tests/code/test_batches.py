@@ -46,3 +46,37 @@ def test_an_end_with_nothing_before_it_yields_nothing() -> None:
         return await _collect(b, 0.05)
 
     assert asyncio.run(scenario()) == []
+
+
+def test_a_held_first_batch_leaves_on_release_or_at_the_end() -> None:
+    async def scenario(release: bool) -> list[list[str]]:
+        b: Batches[str] = Batches()
+        b.put("init")
+        b.hold()
+        reader = asyncio.ensure_future(_collect(b, None))
+        await asyncio.sleep(0.02)
+        assert not reader.done()
+        if release:
+            b.release()
+            await asyncio.sleep(0.01)
+        b.put("complete")
+        b.put(None)
+        return await asyncio.wait_for(reader, 5)
+
+    assert asyncio.run(scenario(True)) == [["init"], ["complete"]]
+    assert asyncio.run(scenario(False)) == [["init", "complete"]]
+
+
+def test_a_held_batch_still_gets_its_keepalive() -> None:
+    async def scenario() -> list[list[str]]:
+        b: Batches[str] = Batches()
+        b.put("init")
+        b.hold()
+        reader = asyncio.ensure_future(_collect(b, 0.05))
+        await asyncio.sleep(0.08)
+        b.release()
+        b.put(None)
+        return await asyncio.wait_for(reader, 5)
+
+    got = asyncio.run(scenario())
+    assert got[-1] == ["init"] and got[0] == []

@@ -230,8 +230,11 @@ class CodeService:
         # As the reference: init, carrying the context id, comes first. Put here rather than
         # in the task, so the response's head and this event leave in one write.
         batches.put(event("init", text=ctx.id))
+        # Held until the kernel has the code (released in _run_in_kernel, or by the end).
+        batches.hold()
         exec_id = uuid.uuid4().hex
-        task = asyncio.create_task(self._execute(ctx, code, exec_id, limit, batches.put))
+        task = asyncio.create_task(
+            self._execute(ctx, code, exec_id, limit, batches.put, batches.release))
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)
         try:
@@ -247,7 +250,8 @@ class CodeService:
                     await asyncio.wait({task})
 
     async def _execute(
-        self, ctx: CodeContext, code: str, exec_id: str, limit: float, put: Put
+        self, ctx: CodeContext, code: str, exec_id: str, limit: float, put: Put,
+        release: Callable[[], None],
     ) -> None:
         shaper = EventShaper(self.settings.max_output_bytes, self.settings.max_result_bytes)
         try:
@@ -262,7 +266,7 @@ class CodeService:
                 ctx.running = exec_id
                 started = time.monotonic()
                 try:
-                    ended = await self._run_in_kernel(ctx, code, limit, shaper, put)
+                    ended = await self._run_in_kernel(ctx, code, limit, shaper, put, release)
                 finally:
                     ctx.running = None
                     self._executions.pop(exec_id, None)
@@ -278,13 +282,16 @@ class CodeService:
             put(None)
 
     async def _run_in_kernel(
-        self, ctx: CodeContext, code: str, limit: float, shaper: EventShaper, put: Put
+        self, ctx: CodeContext, code: str, limit: float, shaper: EventShaper, put: Put,
+        release: Callable[[], None],
     ) -> bool:
         """Run ``code``; False when it was cut short (timeout: the stream then ends with the
-        error alone, as the reference's cancelled runs do), else True."""
+        error alone, as the reference's cancelled runs do), else True. ``release`` lets the
+        held ``init`` out: once the kernel has been asked, or before waiting for a kernel."""
         if ctx.kernel is not None and not await ctx.kernel.is_alive():
             await self._stop(ctx)
         if ctx.kernel is None:
+            release()
             ctx.kernel = await self._acquire_kernel(ctx.language, ctx.cwd)
         kernel = ctx.kernel
         watch = OomWatch(kernel.pid)
@@ -297,10 +304,17 @@ class CodeService:
                 put(ev)
 
         run = asyncio.create_task(kernel.execute(code, emit))
+        # After the run's first step (the ready queue is first in, first out): a kernel
+        # sends the code in it, before its first wait.
+        asyncio.get_running_loop().call_soon(release)
         try:
-            try:
-                await asyncio.wait_for(asyncio.shield(run), limit if limit > 0 else None)
-            except TimeoutError:
+            # ``wait`` rather than ``wait_for(shield(run))``: it leaves the run alone on a
+            # timeout or a cancellation just the same, with two fewer loop passes between
+            # the kernel's idle and the completion event.
+            finished, _ = await asyncio.wait({run}, timeout=limit if limit > 0 else None)
+            if finished:
+                run.result()  # KernelDied (or any other failure) is raised here
+            else:
                 timed_out = True
                 restarted = await self._interrupt_or_kill(ctx, kernel, run)
                 note = " and the kernel was restarted (state lost)" if restarted else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import zmq
@@ -10,49 +11,20 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
 from .. import identity
-from . import ready, wire
+from . import ready
 from .base import Emit, KernelDied, Output
 from .exitwatch import returncode, watch_exit
+from .iopub import IopubListener
 
 # How long to wait for an iopub message before checking that the kernel still lives.
 _POLL = 0.5
-# The client's channels: requests (shell) and output (iopub) only. No heartbeat: its
+# The client's channels: requests (shell) only; iopub is read by ``IopubListener`` on a
+# socket of its own (see kernels/iopub.py). No heartbeat: its
 # channel is a thread per kernel pinging every second (a third of execd's samples in a code
 # run's profile, and an idle wake-up per kernel); liveness is the kernel process itself
 # (``is_alive``, the exit watch). No stdin (runs do not allow input) or control channel
 # (interrupts go through the kernel manager).
-CHANNELS = {"shell": True, "iopub": True, "stdin": False, "hb": False, "control": False}
-
-
-class _IopubReader:
-    """The run's iopub messages straight from the channel's socket and session.
-
-    ``get_iopub_msg(timeout)`` polls the socket (a poller, its registration and a future)
-    and then receives, for every message: in the py-spy profile of warm ``1+1`` runs that
-    was a third of execd's busy samples. Here one receive stays pending across waits, and
-    a message already queued is taken without waiting at all."""
-
-    def __init__(self, socket: Any, session: Any):
-        self._socket = socket
-        self._session = session
-        self._pending: asyncio.Future[list[bytes]] | None = None
-
-    async def next(self, timeout: float) -> dict[str, Any] | None:
-        """The next message, or None after ``timeout`` s without one."""
-        if self._pending is None:
-            self._pending = self._socket.recv_multipart()
-        pending = self._pending
-        if not pending.done():
-            await asyncio.wait({pending}, timeout=timeout)
-            if not pending.done():
-                return None
-        self._pending = None
-        return wire.parse(self._session, pending.result())
-
-    def close(self) -> None:
-        if self._pending is not None and not self._pending.done():
-            self._pending.cancel()
-        self._pending = None
+CHANNELS = {"shell": True, "iopub": False, "stdin": False, "hb": False, "control": False}
 
 
 class JupyterKernel:
@@ -72,6 +44,8 @@ class JupyterKernel:
         self._cwd = cwd
         self._env = env
         self._kc: Any = None
+        self._iopub: IopubListener | None = None
+        self._shell: zmq.Socket[bytes] | None = None  # a plain shadow of the client's shell
         self._exit: asyncio.Future[int] | None = None
 
     @property
@@ -81,6 +55,13 @@ class JupyterKernel:
 
     def release_client(self) -> None:
         """Stop this object's own channels (the Jupyter API takes the kernel over)."""
+        self._stop_client()
+
+    def _stop_client(self) -> None:
+        self._shell = None
+        if self._iopub is not None:
+            self._iopub.close()
+            self._iopub = None
         if self._kc is not None:
             self._kc.stop_channels()
             self._kc = None
@@ -101,8 +82,10 @@ class JupyterKernel:
         self._exit = watch_exit(self.pid)
         self._kc = self._km.client()
         self._kc.start_channels(**CHANNELS)
+        self._iopub = IopubListener(self._km.connect_iopub(), self._kc.session)
         try:
-            await ready.wait_ready(self._kc, timeout, self.is_alive)
+            await ready.wait_ready(self._kc, timeout, self._drain_and_alive,
+                                   iopub=self._iopub.first)
         except RuntimeError as exc:
             await self.shutdown()
             raise KernelDied(self._returncode()) from exc
@@ -110,28 +93,46 @@ class JupyterKernel:
             await self.shutdown()
             raise
 
+    async def _drain_and_alive(self) -> bool:
+        """``is_alive`` for readiness's nudges, which also take any iopub message queued."""
+        if self._iopub is not None:
+            self._iopub.drain()
+        return await self.is_alive()
+
     async def is_alive(self) -> bool:
         return bool(await self._km.is_alive())
 
     async def execute(self, code: str, emit: Emit) -> None:
-        kc = self._kc
+        kc, iopub = self._kc, self._iopub
+        assert iopub is not None
         msg_id = kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
-        iopub = _IopubReader(kc.iopub_channel.socket, kc.session)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def handle(msg: dict[str, Any]) -> bool:
+            if msg.get("parent_header", {}).get("msg_id") != msg_id or done.done():
+                return False
+            try:
+                if not self._emit(msg, emit):
+                    return False
+            except Exception as exc:  # fails the run, as it did when raised in this task
+                done.set_exception(exc)
+                return True
+            done.set_result(None)
+            return True
+
+        iopub.listen(handle)
         try:
-            while True:
-                msg = await iopub.next(_POLL)
-                if msg is None:
-                    if not await self._km.is_alive():
-                        await asyncio.sleep(0.05)  # let the reaper record the status
-                        raise KernelDied(self._returncode()) from None
-                    continue
-                if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                if self._emit(msg, emit):
-                    await self._drop_replies()
-                    return
+            while not done.done():
+                await asyncio.wait({done}, timeout=_POLL)
+                if not done.done():
+                    iopub.drain()
+                if not done.done() and not await self._km.is_alive():
+                    await asyncio.sleep(0.05)  # let the reaper record the status
+                    raise KernelDied(self._returncode()) from None
+            done.result()
+            self._drop_replies()
         finally:
-            iopub.close()
+            iopub.listen(None)
 
     @staticmethod
     def _emit(msg: dict[str, Any], emit: Emit) -> bool:
@@ -155,24 +156,23 @@ class JupyterKernel:
             return True
         return False
 
-    async def _drop_replies(self) -> None:
+    def _drop_replies(self) -> None:
         """Drop the shell replies that have arrived: they carry nothing the events need (the
         output came on iopub), and unread they would pile up for the kernel's lifetime.
-        Taken from the socket without waiting and not unpacked (unpacking them through
-        ``get_shell_msg`` was a tenth of execd's CPU per warm run)."""
-        socket = self._kc.shell_channel.socket
-        while True:
-            received = socket.recv_multipart(flags=zmq.NOBLOCK)
-            if received.exception() is not None:  # zmq.Again: none left
-                return
+        Taken from the socket without waiting (through a plain shadow of it: no future per
+        receive) and not unpacked (unpacking them through ``get_shell_msg`` was a tenth of
+        execd's CPU per warm run)."""
+        if self._shell is None:
+            self._shell = zmq.Socket.shadow(self._kc.shell_channel.socket.underlying)
+        with contextlib.suppress(zmq.Again):
+            while True:
+                self._shell.recv_multipart(zmq.NOBLOCK)
 
     async def interrupt(self) -> None:
         await self._km.interrupt_kernel()
 
     async def shutdown(self) -> None:
-        if self._kc is not None:
-            self._kc.stop_channels()
-            self._kc = None
+        self._stop_client()
         try:
             if self._km.has_kernel:
                 await self._km.shutdown_kernel(now=True)

@@ -24,14 +24,17 @@ from typing import Any
 NUDGE = 0.2  # seconds between kernel_info requests while not yet ready
 
 
-async def wait_ready(client: Any, timeout: float, alive: Callable[[], Awaitable[bool]]) -> None:
+async def wait_ready(client: Any, timeout: float, alive: Callable[[], Awaitable[bool]],
+                     iopub: Callable[[], Awaitable[Any]] | None = None) -> None:
     """Return once ``client``'s kernel has answered ``kernel_info`` on the shell and its
-    iopub socket has received a message. ``alive()`` is awaited between nudges; a dead
-    kernel or ``timeout`` seconds raise ``RuntimeError`` (as ``wait_for_ready`` does)."""
+    iopub socket has received a message (``iopub()``'s result when given, else the
+    client's iopub channel's). ``alive()`` is awaited between nudges; a dead kernel or
+    ``timeout`` seconds raise ``RuntimeError`` (as ``wait_for_ready`` does)."""
     deadline = time.monotonic() + timeout
+    first = iopub() if iopub is not None else client.iopub_channel.socket.recv_multipart()
     pending = {
         "shell": asyncio.ensure_future(client.shell_channel.socket.recv_multipart()),
-        "iopub": asyncio.ensure_future(client.iopub_channel.socket.recv_multipart()),
+        "iopub": asyncio.ensure_future(first),
     }
     try:
         while pending:
