@@ -16,6 +16,7 @@ from sqlalchemy import text
 
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
 from sandlot.server.store import SandboxStore
+from sandlot.server.store.events import Event, EventStore
 from sandlot.server.store.migrations import LATEST
 from tests.server.conftest import Harness
 from tests.server.postgres import PostgresServer
@@ -199,6 +200,25 @@ async def test_concurrent_writers_of_the_same_records(pg_url: str) -> None:
     finally:
         await one.close()
         await two.close()
+
+
+async def test_a_batch_with_repeated_rows_sends_each_row_once(pg_url: str) -> None:
+    # One group commit holding several upserts of one row (and events between them), sent
+    # as one executemany per statement through asyncpg: the row's last write wins, the
+    # events keep their order.
+    async with opened(pg_url) as store:
+        events = EventStore(store)
+        rec = record("twice")
+        writes = []
+        for n, state in enumerate((SandboxState.PENDING, SandboxState.RUNNING,
+                                   SandboxState.PAUSED)):
+            rec.state = state
+            writes += [store.save(rec), store.save_endpoint(rec.id, 44772, 41000 + n),
+                       events.add(Event(rec.id, float(n), "Normal", state.value, f"e{n}"))]
+        await asyncio.gather(*writes)
+        assert [e.message for e in await events.list("twice", 10)] == ["e0", "e1", "e2"]
+        assert await store.endpoint_ports() == {("twice", 44772): 41002}
+    assert (await stored(pg_url))["twice"].state == SandboxState.PAUSED
 
 
 async def test_store_reconnects_after_database_restart(

@@ -9,7 +9,11 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from sandlot.server.store import tables
+from sandlot.server.store.group_commit import Rows
 from sandlot.server.store.sandboxes import SandboxStore
+
+# One statement object for every event: a group commit sends an executemany per statement.
+_INSERT_EVENT = tables.sandbox_events.insert()
 
 
 @dataclass(frozen=True)
@@ -42,11 +46,7 @@ class EventStore:
     async def add(self, event: Event) -> None:
         values = {"sandbox_id": event.sandbox_id, "at": event.at, "level": event.level,
                   "kind": event.kind, "message": _text(event.message), "owner": event.owner}
-
-        async def write(conn: AsyncConnection) -> None:
-            await conn.execute(tables.sandbox_events.insert().values(**values))
-
-        await self._store.write(write)
+        await self._store.write(Rows(tables.sandbox_events.name, _INSERT_EVENT, values))
 
     async def list(self, sandbox_id: str, limit: int) -> list[Event]:
         """The newest ``limit`` events of the sandbox, oldest first."""

@@ -8,8 +8,6 @@ replaced before they reach the database.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sandlot.datadir import private_file
 from sandlot.server.models import SandboxRecord, SandboxState
 from sandlot.server.store import tables
+from sandlot.server.store.group_commit import GroupCommit, Rows, Write
 from sandlot.server.store.migrations import migrate
 
 
@@ -110,84 +109,14 @@ def _upsert_statement(dialect: str, table: Table, keys: tuple[str, ...],
     return stmt
 
 
-async def _upsert(
+async def _update_or_insert(
     conn: AsyncConnection, table: Table, keys: dict[str, Any], values: dict[str, Any]
 ) -> None:
-    """Insert the row ``keys`` + ``values``, or update ``values`` where ``keys`` exists."""
-    dialect = conn.dialect.name
-    if dialect in ("postgresql", "sqlite"):
-        stmt = _upsert_statement(dialect, table, tuple(keys), tuple(values))
-        await conn.execute(stmt, {**keys, **values})
-        return
-    # Other databases: not atomic against a concurrent insert of the same row.
+    """Databases without an upsert: not atomic against a concurrent insert of the row."""
     where = [table.c[k] == v for k, v in keys.items()]
     result = await conn.execute(table.update().where(*where).values(**values))
     if result.rowcount == 0:
         await conn.execute(table.insert().values(**keys, **values))
-
-
-Write = Callable[[AsyncConnection], Awaitable[None]]
-
-
-class _GroupCommit:
-    """Runs writes in order, committing the ones that queue up meanwhile together.
-
-    A burst of creates makes several writes each; one transaction for all that are waiting
-    costs one commit and one trip to the database thread instead of one per write. A batch
-    that fails is retried one write per transaction, so each caller gets its own outcome.
-    """
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
-        self._queue: list[tuple[Write, asyncio.Future[None]]] = []
-        self._drainer: asyncio.Task[None] | None = None
-
-    async def run(self, write: Write) -> None:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        self._queue.append((write, fut))
-        if self._drainer is None or self._drainer.done():
-            self._drainer = loop.create_task(self._drain())
-        # Shielded: a caller that gives up does not take the write back.
-        await asyncio.shield(fut)
-
-    async def _drain(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue, []
-            try:
-                await self._commit([w for w, _ in batch])
-            except Exception as exc:  # noqa: BLE001 - handed to the callers below
-                if len(batch) == 1:
-                    _settle(batch[0][1], exc)
-                    continue
-                for write, fut in batch:
-                    try:
-                        await self._commit([write])
-                    except Exception as one:  # noqa: BLE001
-                        _settle(fut, one)
-                    else:
-                        _settle(fut, None)
-            else:
-                for _, fut in batch:
-                    _settle(fut, None)
-
-    async def _commit(self, writes: list[Write]) -> None:
-        async with self._engine.begin() as conn:
-            for write in writes:
-                await write(conn)
-
-    async def flush(self) -> None:
-        if self._drainer is not None:
-            await asyncio.gather(self._drainer, return_exceptions=True)
-
-
-def _settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
-    if fut.done():
-        return
-    if exc is None:
-        fut.set_result(None)
-    else:
-        fut.set_exception(exc)
 
 
 class SandboxStore:
@@ -200,7 +129,7 @@ class SandboxStore:
 
     def __init__(self, engine: AsyncEngine):
         self._engine = engine
-        self._writes = _GroupCommit(engine)
+        self._writes = GroupCommit(engine)
 
     @classmethod
     async def open(cls, url: str) -> SandboxStore:
@@ -242,14 +171,23 @@ class SandboxStore:
             rows = (await conn.execute(select(tables.sandboxes))).all()
         return [_record(r) for r in rows]
 
+    def upsert(self, table: Table, keys: dict[str, Any], values: dict[str, Any]) -> Write:
+        """The write of row ``keys`` + ``values`` (inserted, or ``values`` updated): as rows
+        where the database has an upsert (batched with others, see ``group_commit``)."""
+        dialect = self._engine.dialect.name
+        if dialect in ("postgresql", "sqlite"):
+            statement = _upsert_statement(dialect, table, tuple(keys), tuple(values))
+            return Rows(table.name, statement, {**keys, **values}, tuple(keys.values()))
+
+        async def write(conn: AsyncConnection) -> None:
+            await _update_or_insert(conn, table, keys, values)
+
+        return write
+
     async def save(self, rec: SandboxRecord) -> None:
         values = _row_values(rec)  # taken now: the record may change before the commit
         key = {"id": values.pop("id")}
-
-        async def write(conn: AsyncConnection) -> None:
-            await _upsert(conn, tables.sandboxes, key, values)
-
-        await self._writes.run(write)
+        await self._writes.run(self.upsert(tables.sandboxes, key, values))
 
     async def delete(self, sandbox_id: str) -> None:
         async def write(conn: AsyncConnection) -> None:
@@ -276,8 +214,4 @@ class SandboxStore:
 
     async def save_endpoint(self, sandbox_id: str, port: int, host_port: int) -> None:
         key = {"sandbox_id": sandbox_id, "port": port}
-
-        async def write(conn: AsyncConnection) -> None:
-            await _upsert(conn, tables.endpoints, key, {"host_port": host_port})
-
-        await self._writes.run(write)
+        await self._writes.run(self.upsert(tables.endpoints, key, {"host_port": host_port}))
