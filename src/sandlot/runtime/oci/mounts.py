@@ -69,6 +69,13 @@ def unmount(target: Path) -> None:
         _check(_libc.umount2(path, MNT_DETACH), f"umount {target}")
 
 
+def unmount_all_under(*prefixes: Path) -> None:
+    """Unmount every mount point at or below each of ``prefixes`` (deepest first)."""
+    for prefix in prefixes:
+        for mp in mounts_under(prefix):
+            unmount(Path(mp))
+
+
 def mounts_under(prefix: Path) -> list[str]:
     """Mount points at or below ``prefix`` (deepest first), for clean-up and checks."""
     p = os.path.realpath(prefix)
