@@ -132,6 +132,8 @@ _CONTROL_ESCAPES = {
 }
 _CONTROL_CODES = tuple(_CONTROL_ESCAPES)
 _BREAKERS_UTF8 = tuple((ch.encode(), f"\\u{ord(ch):04x}".encode()) for ch in _LINE_BREAKERS)
+
+
 def encode_region(type_: str, region: bytes, *, frames: bool = False) -> bytes:
     """The JSON events (one per line, ``\\n``-joined) of ``stdout``/``stderr`` events for the
     lines of ``region`` (each ends in ``\\n``, see ``lines.LineFramer``); a blank line is sent

@@ -171,7 +171,7 @@ class SandboxStore:
             rows = (await conn.execute(select(tables.sandboxes))).all()
         return [_record(r) for r in rows]
 
-    def upsert(self, table: Table, keys: dict[str, Any], values: dict[str, Any]) -> Write:
+    def _upsert_write(self, table: Table, keys: dict[str, Any], values: dict[str, Any]) -> Write:
         """The write of row ``keys`` + ``values`` (inserted, or ``values`` updated): as rows
         where the database has an upsert (batched with others, see ``group_commit``)."""
         dialect = self._engine.dialect.name
@@ -187,7 +187,7 @@ class SandboxStore:
     async def save(self, rec: SandboxRecord) -> None:
         values = _row_values(rec)  # taken now: the record may change before the commit
         key = {"id": values.pop("id")}
-        await self._writes.run(self.upsert(tables.sandboxes, key, values))
+        await self._writes.run(self._upsert_write(tables.sandboxes, key, values))
 
     async def delete(self, sandbox_id: str) -> None:
         async def write(conn: AsyncConnection) -> None:
@@ -214,4 +214,4 @@ class SandboxStore:
 
     async def save_endpoint(self, sandbox_id: str, port: int, host_port: int) -> None:
         key = {"sandbox_id": sandbox_id, "port": port}
-        await self._writes.run(self.upsert(tables.endpoints, key, {"host_port": host_port}))
+        await self._writes.run(self._upsert_write(tables.endpoints, key, {"host_port": host_port}))
