@@ -76,14 +76,19 @@ async def test_metrics_parse_and_move_with_creates_failures_and_deletes(
     # the events route samples the sandbox (CPU/memory) at once
     await client.get(f"/v1/sandboxes/{sid}/diagnostics/events", params={"scope": "all"})
     after_traffic = await scrape(client)
-    for name, direction in (("sandlot_proxy_bytes_total", "to_sandbox"),
-                            ("sandlot_proxy_bytes_total", "from_sandbox"),
-                            ("sandlot_endpoint_bytes_total", "to_sandbox"),
-                            ("sandlot_endpoint_bytes_total", "from_sandbox")):
-        if direction == "to_sandbox" and name.startswith("sandlot_proxy"):
-            continue  # a GET has no body
+    # runc sandboxes take execd's endpoint connections whole; the fake runtime's are relayed
+    relayed = ["sandlot_endpoint_bytes_total"] if harness.kind == "fake" else []
+    for name, direction in (("sandlot_proxy_bytes_total", "from_sandbox"),  # GET: no body in
+                            *((n, d) for n in relayed for d in ("to_sandbox", "from_sandbox"))):
         assert value(after_traffic, name, direction=direction) > value(
             before, name, direction=direction), name
+    handoffs = "sandlot_endpoint_handoffs_total"
+    assert value(after_traffic, handoffs) == value(before, handoffs) + (
+        1 if harness.kind == "oci" else 0)
+    if harness.kind == "oci":
+        assert all(value(after_traffic, "sandlot_endpoint_bytes_total", direction=d) == value(
+            before, "sandlot_endpoint_bytes_total", direction=d)
+            for d in ("to_sandbox", "from_sandbox")), "a handed-over connection was relayed"
     if harness.kind == "oci":  # the fake runtime has no cgroups
         assert value(after_traffic, "sandlot_sandbox_memory_bytes", sandbox_id=sid) > 0
         assert value(after_traffic, "sandlot_sandbox_cpu_seconds_total", sandbox_id=sid) > 0

@@ -121,6 +121,19 @@ class HttpServer:
             self.listeners.append(await loop.create_server(
                 lambda: _Connection(self), sock=sock, backlog=1024))
 
+    def adopt(self, sock: socket.socket) -> None:
+        """Serve a connection accepted elsewhere (the host's endpoint listener hands them
+        over: execd/handoff.py) like one accepted here."""
+        asyncio.get_running_loop().create_task(self._adopt(sock))
+
+    async def _adopt(self, sock: socket.socket) -> None:
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: _Connection(self), sock)
+        except Exception:  # noqa: BLE001 - the client's connection ends; execd serves on
+            LOG.exception("handed-over connection not served")
+            sock.close()
+
     def close_listeners(self) -> None:
         for listener in self.listeners:
             listener.close()

@@ -100,6 +100,12 @@ def parser() -> argparse.ArgumentParser:
         "--no-code", action="store_true", help="do not load the code-context (/code) service"
     )
     parser.add_argument(
+        "--handoff",
+        action="store_true",
+        help="also serve client connections the host hands over as descriptors on the "
+             "network namespace's abstract socket @sandlot-execd-handoff (execd/handoff.py)",
+    )
+    parser.add_argument(
         "--pooled",
         action="store_true",
         help="a warm-pool execd: serve POST /_sandlot/claim once; the entrypoint comes with it",
@@ -157,13 +163,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     scrub_environment()
     ns.listen = ns.listen or [f"tcp:0.0.0.0:{DEFAULT_PORT}"]
     sockets = [make_socket(a) for a in ns.listen]
+    handoff = None
+    if ns.handoff:  # bound with the listeners: what arrives before the loop runs waits
+        from sandlot.execd.handoff import bind_receiver
+
+        try:
+            handoff = bind_receiver()
+        except OSError as exc:  # the host then relays this sandbox's connections instead
+            print(f"execd: no hand-over socket ({exc}); connections come relayed",
+                  file=sys.stderr)
     # Plain asyncio loop on purpose: uvloop reserves SIGCHLD, which execd needs to reap
     # every child (it is often PID 1).
-    return asyncio.run(_serve(ns, token, sockets, entrypoint))
+    return asyncio.run(_serve(ns, token, sockets, entrypoint, handoff))
 
 
 async def _serve(
-    ns: argparse.Namespace, token: str | None, sockets: list[socket.socket], entrypoint: list[str]
+    ns: argparse.Namespace, token: str | None, sockets: list[socket.socket], entrypoint: list[str],
+    handoff: socket.socket | None = None,
 ) -> int:
     from sandlot.execd import procs
     from sandlot.execd.app import build_app
@@ -228,9 +244,17 @@ async def _serve(
     if code is not None and not ns.pooled and wanted_at_start(os.environ):
         loop.create_task(_after_start(server, code.start_loading))
     unix_paths = [s.getsockname() for s in sockets if s.family == socket.AF_UNIX]
+    receiver = None
+    if handoff is not None:
+        from sandlot.execd.handoff import HandoffReceiver
+
+        receiver = HandoffReceiver(handoff, server.adopt)
+        loop.create_task(_after_start(server, receiver.start))
     try:
         await server.serve(sockets=sockets)
     finally:
+        if receiver is not None:
+            receiver.close()
         procs.REAPER.kill_all(signal.SIGKILL)
         procs.REAPER.reap()
         for path in unix_paths:

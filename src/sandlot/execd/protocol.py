@@ -12,6 +12,9 @@ DEFAULT_PORT = 44772
 TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"
 PING_PATH = "/ping"
 CLAIM_PATH = "/_sandlot/claim"  # a pooled execd's one-time hand-over (execd/claim.py)
+# Where execd takes client connections the host hands over whole (execd/handoff.py): a
+# datagram socket in the abstract namespace of the sandbox's own network namespace.
+HANDOFF_ADDRESS = b"\0sandlot-execd-handoff"
 # Where the sandbox's entrypoint output goes (a tmpfs of the sandbox's own, every backend).
 ENTRYPOINT_LOG = "/run/sandlot/entrypoint.log"
 

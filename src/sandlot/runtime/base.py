@@ -215,6 +215,14 @@ class Runtime(abc.ABC):
         host path inside the sandbox's reach is followed).
         """
 
+    def hand_off(self, sandbox_id: str, port: int, conn: socket.socket) -> bool:
+        """Give a client's accepted connection to what serves ``port`` in the sandbox, so the
+        server need not relay its bytes. True: handed over (the caller closes its own copy);
+        False: this backend or port is always relayed. Raises ``OSError`` when it would hand
+        it over but cannot now (the caller then relays, through ``connect``).
+        """
+        return False
+
     async def check_volumes(self, volumes: list[VolumeSpec]) -> None:
         """Refuse (``InvalidRequest``) volumes this backend cannot mount, before the create is
         accepted: e.g. a pvc that does not exist with ``createIfNotExists`` false.

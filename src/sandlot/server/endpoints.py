@@ -1,8 +1,10 @@
 """Direct endpoints: a loopback listener per sandbox port that forwards raw TCP into it.
 
-Clients get ``127.0.0.1:<listener port>``; each accepted connection is joined to a fresh
-connection into the sandbox, a socket from the runtime's ``connect`` (execd's port included).
-Ports are persisted so a restarted server offers the same addresses again.
+Clients get ``127.0.0.1:<listener port>``. An accepted connection to a port the runtime
+takes whole (``Runtime.hand_off``: execd's port on runc sandboxes) is given to the sandbox
+as a descriptor and the server is out of it; any other is joined to a fresh connection into
+the sandbox, a socket from the runtime's ``connect``, and relayed. Ports are persisted so a
+restarted server offers the same addresses again.
 """
 
 from __future__ import annotations
@@ -21,14 +23,24 @@ log = logging.getLogger(__name__)
 Connector = Callable[[str, int], Awaitable[socket.socket]]
 # The start of a sandbox still starting (None once it runs, failed or is unknown).
 StartOf = Callable[[str], "asyncio.Future[None] | None"]
+# The runtime's ``hand_off`` (runtime/base.py): give an accepted connection to the sandbox.
+HandOff = Callable[[str, int, socket.socket], bool]
 # How long a connection to a sandbox still starting waits for that start (a create answered
 # Pending: queued for a start slot in a burst, or pulling its image).
 START_WAIT = 300.0
+LISTEN_BACKLOG = 1024
+_ACCEPT_BATCH = 64  # connections accepted per wake-up before the loop runs anything else
+ACCEPT_RETRY_DELAY = 1.0  # seconds a listener pauses after a failed accept (no descriptors)
 
 
 def _nodelay(transport: asyncio.BaseTransport) -> None:
     sock = transport.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+    if sock is not None:
+        _nodelay_socket(sock)
+
+
+def _nodelay_socket(sock: socket.socket) -> None:
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -111,49 +123,72 @@ class _Relay(asyncio.Protocol):
             self.eof_received()
 
 
-class _Accepted(_Relay):
-    """The client side of a forwarded connection; its task connects the upstream."""
+class _Listener:
+    """A loopback listener whose connections are accepted as plain sockets (not asyncio
+    transports), so that one can be handed to the sandbox whole instead of relayed."""
 
-    def __init__(self, forwarder: EndpointForwarder, sandbox_id: str, port: int) -> None:
-        super().__init__(asyncio.get_running_loop().create_future(), forwarder.bytes_in)
-        self.forwarder = forwarder
-        self.sandbox_id = sandbox_id
-        self.port = port
-        self.task: asyncio.Task[None] | None = None
+    def __init__(self, sock: socket.socket, on_accept: Callable[[socket.socket], None]) -> None:
+        self.sock = sock
+        self.on_accept = on_accept
+        self.port = int(sock.getsockname()[1])
+        self._loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        sock.listen(LISTEN_BACKLOG)
+        self._loop.add_reader(sock.fileno(), self._accept)
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        assert self.own is not None
-        self.own.pause_reading()  # until the upstream is connected
-        _nodelay(self.own)
-        self.task = asyncio.get_running_loop().create_task(self._run())
+    def _accept(self) -> None:
+        for _ in range(_ACCEPT_BATCH):
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. out of descriptors: pause, as asyncio's servers do
+                log.warning("endpoint listener %s: accept failed: %s", self.port, exc)
+                self._loop.remove_reader(self.sock.fileno())
+                self._loop.call_later(ACCEPT_RETRY_DELAY, self._resume)
+                return
+            self.on_accept(conn)
 
-    async def _run(self) -> None:
-        # Cancelled by close_sandbox(): a normal end, not an error to report.
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.forwarder._serve(self.sandbox_id, self.port, self)
+    def _resume(self) -> None:
+        if self.sock.fileno() >= 0:
+            self._loop.add_reader(self.sock.fileno(), self._accept)
+
+    def close(self) -> None:
+        if self.sock.fileno() >= 0:
+            self._loop.remove_reader(self.sock.fileno())
+            self.sock.close()
 
 
 class EndpointForwarder:
+    """The direct endpoints' listeners, and the relays of the connections they accept.
+
+    A connection to a port the runtime hands over (``hand_off``: execd's port on runc
+    sandboxes) is given to the sandbox whole and forgotten here; any other is relayed.
+    """
+
     def __init__(self, bind_host: str, connect: Connector, connect_grace: float = 2.0, *,
                  idle_timeout: float = 300.0, max_connections: int = 1024,
-                 start_of: StartOf | None = None, port_range: PortRange | None = None):
+                 start_of: StartOf | None = None, port_range: PortRange | None = None,
+                 hand_off: HandOff | None = None):
         self._bind_host = bind_host
         self._port_range = port_range  # where new listeners bind (endpoint_ports.py)
         self._start_of = start_of
-        # A connection with no byte either way for this long is closed (held-open idle
-        # connections would exhaust the server's file handles); past ``max_connections``
-        # open at once per sandbox, new ones are closed at once.
+        self._hand_off = hand_off
+        # A relayed connection with no byte either way for this long is closed (held-open
+        # idle connections would exhaust the server's file handles); past
+        # ``max_connections`` relayed at once per sandbox, new ones are closed at once.
+        # A handed-over connection is the sandbox's: the server holds nothing of it.
         self.idle_timeout = idle_timeout
         self.max_connections = max_connections
         self.connect_grace = connect_grace
         self._connect = connect
-        self._servers: dict[tuple[str, int], asyncio.Server] = {}
+        self._servers: dict[tuple[str, int], _Listener] = {}
         self._ports: dict[tuple[str, int], int] = {}
         self._conns: dict[str, set[asyncio.Task[None]]] = {}
         self._lock = asyncio.Lock()
-        self.bytes_in = Tally()  # from clients into sandboxes
-        self.bytes_out = Tally()  # from sandboxes back to clients
+        self.bytes_in = Tally()  # from clients into sandboxes (relayed connections)
+        self.bytes_out = Tally()  # from sandboxes back to clients (relayed connections)
+        self.handed_off = Tally()  # connections given to the sandbox whole
 
     def port_of(self, sandbox_id: str, port: int) -> int | None:
         return self._ports.get((sandbox_id, port))
@@ -167,12 +202,6 @@ class EndpointForwarder:
         async with self._lock:
             if key in self._ports:
                 return self._ports[key]
-
-            loop = asyncio.get_running_loop()
-
-            def factory() -> asyncio.Protocol:
-                return _Accepted(self, sandbox_id, port)
-
             sock = None
             if preferred:
                 try:
@@ -182,51 +211,79 @@ class EndpointForwarder:
             if sock is None:
                 sock = bind_in_range(self._bind_host, self._port_range, set(self._ports.values()))
             try:
-                server = await loop.create_server(factory, sock=sock)
+                listener = _Listener(sock, lambda conn: self._accepted(sandbox_id, port, conn))
             except BaseException:
                 sock.close()
                 raise
-            host_port = int(server.sockets[0].getsockname()[1])
-            self._servers[key] = server
-            self._ports[key] = host_port
-            return host_port
+            self._servers[key] = listener
+            self._ports[key] = listener.port
+            return listener.port
 
-    async def _serve(self, sandbox_id: str, port: int, client: _Accepted) -> None:
-        task = asyncio.current_task()
-        assert task is not None
+    def _accepted(self, sandbox_id: str, port: int, conn: socket.socket) -> None:
         conns = self._conns.setdefault(sandbox_id, set())
-        client_t = client.own
-        assert client_t is not None
         if len(conns) >= self.max_connections:
             log.warning("endpoint %s:%s: %d connections open; refusing another", sandbox_id,
                         port, len(conns))
-            client_t.close()
+            conn.close()
             return
-        conns.add(task)  # type: ignore[arg-type]
+        conn.setblocking(False)
+        _nodelay_socket(conn)
+        if not self._starting(sandbox_id) and self._try_hand_off(sandbox_id, port, conn):
+            return
+        task = asyncio.get_running_loop().create_task(self._serve(sandbox_id, port, conn))
+        conns.add(task)
+        task.add_done_callback(conns.discard)
+
+    def _starting(self, sandbox_id: str) -> bool:
+        return self._start_of is not None and self._start_of(sandbox_id) is not None
+
+    def _try_hand_off(self, sandbox_id: str, port: int, conn: socket.socket) -> bool:
+        """Whether ``conn`` went to the sandbox whole (then this side's copy is closed)."""
+        if self._hand_off is None:
+            return False
+        try:
+            taken = self._hand_off(sandbox_id, port, conn)
+        except Exception as exc:  # noqa: BLE001 - not now (starting, paused, old execd): relay
+            log.debug("endpoint %s:%s not handed over: %s", sandbox_id, port, exc)
+            return False
+        if taken:
+            self.handed_off.n += 1
+            conn.close()
+        return taken
+
+    async def _serve(self, sandbox_id: str, port: int, conn: socket.socket) -> None:
+        """Relay ``conn`` (or hand it over once the sandbox can take it)."""
+        loop = asyncio.get_running_loop()
+        client_t: asyncio.Transport | None = None
         up_t: asyncio.Transport | None = None
         try:
-            upstream = await self._connect_soon(sandbox_id, port)
+            upstream = await self._connect_soon(sandbox_id, port, conn)
             if upstream is None:
                 return
-            up_relay = _Relay(client.done, self.bytes_out)
+            done: asyncio.Future[None] = loop.create_future()
+            up_relay = _Relay(done, self.bytes_out)
             try:
-                await asyncio.get_running_loop().create_connection(lambda: up_relay,
-                                                                   sock=upstream)
+                await loop.create_connection(lambda: up_relay, sock=upstream)
             except BaseException:
                 upstream.close()
                 raise
             up_t = up_relay.own
             assert up_t is not None
             _nodelay(up_t)
+            client = _Relay(done, self.bytes_in)
+            await loop.connect_accepted_socket(lambda: client, conn)
+            client_t = client.own
+            assert client_t is not None
             client.start(up_t, up_relay)
             up_relay.start(client_t, client)
-            client_t.resume_reading()
             await self._until_done_or_idle(client, up_relay)
         finally:
-            conns.discard(task)  # type: ignore[arg-type]
             if up_t is not None:
                 up_t.close()
-            client_t.close()
+            if client_t is not None:
+                client_t.close()
+            else:
+                conn.close()
 
     async def _until_done_or_idle(self, client: _Relay, upstream: _Relay) -> None:
         loop = asyncio.get_running_loop()
@@ -239,8 +296,10 @@ class EndpointForwarder:
             if done:
                 return
 
-    async def _connect_soon(self, sandbox_id: str, port: int) -> socket.socket | None:
+    async def _connect_soon(self, sandbox_id: str, port: int,
+                            conn: socket.socket) -> socket.socket | None:
         """Connect inside, retrying briefly: a client may dial while the sandbox still starts.
+        None: nothing answered in time, or ``conn`` was handed over meanwhile.
 
         Closing at once would make clients back off for much longer than execd needs to come
         up (the released SDK waits 0.5 s and more after an early EOF). A sandbox whose start
@@ -258,6 +317,8 @@ class EndpointForwarder:
         deadline = loop.time() + self.connect_grace
         delay = 0.005
         while True:
+            if self._try_hand_off(sandbox_id, port, conn):
+                return None
             try:
                 return await self._connect(sandbox_id, port)
             except Exception as exc:  # the service is not (yet) listening inside
@@ -270,18 +331,15 @@ class EndpointForwarder:
     async def close_sandbox(self, sandbox_id: str) -> None:
         async with self._lock:
             keys = [k for k in self._servers if k[0] == sandbox_id]
-            servers = [self._servers.pop(k) for k in keys]
+            listeners = [self._servers.pop(k) for k in keys]
             for k in keys:
                 self._ports.pop(k, None)
-        for server in servers:
-            server.close()
+        for listener in listeners:
+            listener.close()
         tasks = self._conns.pop(sandbox_id, set())
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for server in servers:
-            with contextlib.suppress(Exception):
-                await server.wait_closed()
 
     async def close(self) -> None:
         for sandbox_id in {k[0] for k in list(self._servers)} | set(self._conns):

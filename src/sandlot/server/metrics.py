@@ -145,10 +145,16 @@ class _StateCollector(Collector):
 
         forwarder = self.service.forwarder
         endpoint = CounterMetricFamily("sandlot_endpoint_bytes",
-                                       "Bytes relayed by direct endpoints", labels=["direction"])
+                                       "Bytes relayed by direct endpoints (connections handed "
+                                       "over to the sandbox whole are not counted)",
+                                       labels=["direction"])
         endpoint.add_metric(["to_sandbox"], forwarder.bytes_in.n)
         endpoint.add_metric(["from_sandbox"], forwarder.bytes_out.n)
         yield endpoint
+        yield CounterMetricFamily("sandlot_endpoint_handoffs",
+                                  "Direct-endpoint connections handed over to the sandbox whole "
+                                  "(execd's port on runc sandboxes) instead of relayed",
+                                  value=forwarder.handed_off.n)
 
         if not self.per_sandbox:
             return

@@ -125,6 +125,7 @@ class SandboxService:
             max_connections=cfg.server.max_connections_per_sandbox,
             start_of=self._provisioning.get,
             port_range=endpoint_ports,
+            hand_off=self.hand_off,
         )
         self._records: dict[str, SandboxRecord] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -853,6 +854,13 @@ class SandboxService:
             self.get(sandbox_id)
             return await egress_api.open_socket(lambda: self._egress_access(sandbox_id))
         return await self.runtime.connect(sandbox_id, port)
+
+    def hand_off(self, sandbox_id: str, port: int, conn: socket.socket) -> bool:
+        """Give an endpoint's accepted connection to the sandbox whole, when its runtime
+        takes that port so (``Runtime.hand_off``); the egress port is always sandlot's."""
+        if port == SDK_EGRESS_PORT:
+            return False
+        return self.runtime.hand_off(sandbox_id, port, conn)
 
     # ----- network policy --------------------------------------------------------------
 

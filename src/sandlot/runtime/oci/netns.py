@@ -144,8 +144,10 @@ def _setns(fd: int) -> None:
         raise OSError(err, f"setns: {os.strerror(err)}")
 
 
-def socket_in(ns: Path) -> socket.socket:
-    """A TCP socket created inside namespace ``ns`` (it stays there; this thread does not).
+def socket_in(ns: Path, family: int = socket.AF_INET,
+              kind: int = socket.SOCK_STREAM) -> socket.socket:
+    """A socket (TCP unless told) created inside namespace ``ns`` (it stays there; this
+    thread does not).
 
     setns(2) switches only the calling thread, and only for the few calls below: no await,
     no callback and no other socket creation can run on this thread in between. Doing it
@@ -160,7 +162,7 @@ def socket_in(ns: Path) -> socket.socket:
         finally:
             os.close(target)
         try:
-            return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            return socket.socket(family, kind)
         finally:
             # Failing to go home would leave this thread in the sandbox: never tolerated.
             try:

@@ -67,6 +67,7 @@ from sandlot.runtime.oci import (
     cgroups,
     claimops,
     disklimit,
+    handoff,
     hibernate,
     idmap,
     imageuser,
@@ -500,6 +501,7 @@ class OciRuntime(Runtime):
         config = ocispec.build_config(limited, image, self.bundle, netns=ns, etc_dir=p.etc,
                                       swap_limit=self._swap, execd_port=execd_port,
                                       execd_host=runsc.GVISOR_ADDR if self.gvisor else None,
+                                      execd_handoff=self._hands_off,
                                       uid_base=uid_base,
                                       user=imageuser.resolve_user(image.config.user,
                                                                   list(image.lower_dirs)))
@@ -831,6 +833,20 @@ class OciRuntime(Runtime):
         if not ns.exists():
             raise NotFound(f"sandbox {container_id} not found")
         return await self._connector.connect(ns, port, host)
+
+    @property
+    def _hands_off(self) -> bool:
+        """Whether execd takes its endpoint's connections whole (``oci/handoff.py``): runc
+        sandboxes in a network namespace of their own (gVisor's sockets are in its netstack;
+        host mode shares the server's namespace, where the one address would collide)."""
+        return not self.gvisor and not self.host_network
+
+    def hand_off(self, sandbox_id: str, port: int, conn: socket.socket) -> bool:
+        if port != self.execd_port or not self._hands_off:
+            return False
+        _check_id(sandbox_id)
+        handoff.hand_off(netns.netns_path(netns_name(self.container_id(sandbox_id))), conn)
+        return True
 
     def _execd_connect(self, container_id: str) -> execd_client.Connect:
         return lambda: self._connect_container(container_id, self.execd_port)

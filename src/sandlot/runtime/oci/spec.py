@@ -93,6 +93,7 @@ def process_args(
     spec: SandboxSpec, image: Image, bundle: ExecdBundle, execd_port: int,
     execd_host: str | None = None,
     user: tuple[int, int] | None = None,
+    handoff: bool = False,
 ) -> list[str]:
     """execd as PID 1, then (after ``--``) the user's entrypoint, which execd starts.
 
@@ -102,6 +103,8 @@ def process_args(
     cannot reach gVisor's loopback).
     ``user``: the image's ``User`` as (uid, gid); execd (which must stay root to manage the
     sandbox) starts the entrypoint and commands as that user unless a request names one.
+    ``handoff``: execd also takes the endpoint's client connections the host hands over
+    (execd/handoff.py; runc sandboxes in a network namespace of their own).
     """
     listen = ["--listen", f"tcp:127.0.0.1:{execd_port}"]
     if execd_host:
@@ -111,6 +114,8 @@ def process_args(
             "--workdir", workdir(image), "--entrypoint-log", ENTRYPOINT_LOG]
     if user is not None:
         args += ["--user", f"{user[0]}:{user[1]}"]
+    if handoff:
+        args.append("--handoff")
     if spec.execd_token:
         args.append("--token-stdin")  # the runtime writes it into execd's stdin pipe
     if spec.entrypoint:
@@ -171,6 +176,7 @@ def build_config(
     execd_host: str | None = None,
     uid_base: int | None = None,
     user: tuple[int, int] | None = None,
+    execd_handoff: bool = False,
 ) -> dict[str, Any]:
     """The complete config.json for ``spec`` (rootfs is ``rootfs`` next to it).
 
@@ -186,7 +192,8 @@ def build_config(
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            "args": process_args(spec, image, bundle, execd_port, execd_host, user),
+            "args": process_args(spec, image, bundle, execd_port, execd_host, user,
+                                 execd_handoff),
             "env": _env(spec, image, bundle),
             "cwd": workdir(image),
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
