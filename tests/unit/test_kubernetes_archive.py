@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import tarfile
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandlot.runtime.kubernetes.archive import gnu_tar_layer, write_docker_archive
+from sandlot.runtime.kubernetes.archive import LayerSink, gnu_tar_layer, write_docker_archive
 
 
 def _tree(root: Path) -> Path:
@@ -44,4 +45,4 @@ def test_archive_holds_the_tree_and_names_its_layer_by_digest(tmp_path: Path,
 
 def test_gnu_tar_layer_refuses_a_prefix(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="prefix"):
-        gnu_tar_layer(_tree(tmp_path / "rootfs"), "opt/x", tmp_path / "layer.tar")
+        gnu_tar_layer(_tree(tmp_path / "rootfs"), "opt/x", LayerSink(io.BytesIO()))
