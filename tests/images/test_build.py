@@ -32,6 +32,8 @@ def test_base_image_has_the_promised_tools(base_image: Image) -> None:
     assert base_image.config.working_dir == "/workspace"
     assert (root / "workspace").is_dir()
     assert not (root / "usr/sbin/policy-rc.d").exists()
+    assert not (root / "etc/dpkg/dpkg.cfg.d/sandlot-build-unsafe-io").exists()  # build-only
+    assert (root / "etc/dpkg/dpkg.cfg.d").is_dir()
     devices = [p.name for p in (root / "dev").iterdir() if stat.S_ISCHR(p.lstat().st_mode)]
     assert devices == []
     assert (root / "usr/bin/su").stat().st_mode & 0o4000

@@ -154,6 +154,11 @@ class RecipeBuilder:
         policy = rootfs / "usr" / "sbin" / "policy-rc.d"
         policy.write_text(_POLICY_RC)
         policy.chmod(0o755)
+        # No fsync per unpacked file: a build that dies is thrown away whole, and the image
+        # is committed after the steps (281 -> 243 s for the code-interpreter packages).
+        unsafe_io = rootfs / DPKG_UNSAFE_IO.lstrip("/")
+        if unsafe_io.parent.is_dir():
+            unsafe_io.write_text("force-unsafe-io\n")
         host_ca = _host_ca_bundle()
         if host_ca is not None:
             # Build steps (pip, npm, curl) must trust what the host trusts, e.g. a site's TLS
@@ -166,6 +171,8 @@ class RecipeBuilder:
             (rootfs / "usr" / "sbin" / "policy-rc.d").unlink()
         with contextlib.suppress(FileNotFoundError):
             (rootfs / BUILD_CA_PATH.lstrip("/")).unlink()
+        with contextlib.suppress(FileNotFoundError):
+            (rootfs / DPKG_UNSAFE_IO.lstrip("/")).unlink()
         (rootfs / "etc" / "resolv.conf").write_text("# provided by the sandbox runtime\n")
         lists = rootfs / "var" / "lib" / "apt" / "lists"
         if lists.is_dir():
@@ -247,6 +254,7 @@ class RecipeBuilder:
 
 
 BUILD_CA_PATH = "/etc/sandlot-build-ca.crt"
+DPKG_UNSAFE_IO = "/etc/dpkg/dpkg.cfg.d/sandlot-build-unsafe-io"  # removed again in _finish
 _CA_ENV_NAMES = (
     "SSL_CERT_FILE",
     "PIP_CERT",
