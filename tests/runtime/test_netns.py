@@ -50,3 +50,61 @@ async def test_many_at_once_all_made_and_removed() -> None:
     finally:
         await asyncio.gather(*(netns.delete_netns(n) for n in names))
     assert not any(netns.netns_path(n).exists() for n in names)
+
+
+def _maker_netns() -> list[str]:
+    """The network namespace of the live namespace-maker thread, if there is one (Python
+    gives threads no kernel name to look them up by)."""
+    thread = netns._MAKER._thread
+    if thread is None or not thread.is_alive() or thread.native_id is None:
+        return []
+    try:
+        return [os.readlink(f"/proc/self/task/{thread.native_id}/ns/net")]
+    except OSError:  # ended meanwhile
+        return []
+
+
+async def test_one_maker_thread_serves_every_create_and_stays_home() -> None:
+    home = os.readlink("/proc/thread-self/ns/net")
+    names = [f"sltest-{uuid.uuid4().hex[:8]}" for _ in range(5)]
+    try:
+        await netns.create_netns(names[0])
+        maker = netns._MAKER._thread
+        for name in names[1:]:
+            await netns.create_netns(name)
+        assert netns._MAKER._thread is maker  # one thread for all of them
+        assert _maker_netns() == [home]  # back home after each
+    finally:
+        await asyncio.gather(*(netns.delete_netns(n) for n in names))
+
+
+async def test_a_maker_that_cannot_go_home_ends_and_the_next_create_gets_a_new_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    home = os.readlink("/proc/thread-self/ns/net")
+    real_setns = netns._setns
+    calls = 0
+
+    def setns_failing_once(fd: int) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise OSError(1, "setns refused (test)")
+        real_setns(fd)
+
+    stranded, after = f"sltest-{uuid.uuid4().hex[:8]}", f"sltest-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setattr(netns, "_setns", setns_failing_once)
+    try:
+        with pytest.raises(RuntimeFailure, match="cannot return"):
+            await netns.create_netns(stranded)
+        for _ in range(100):  # the stranded thread ends instead of serving on
+            if not _maker_netns():
+                break
+            await asyncio.sleep(0.01)
+        assert _maker_netns() == []
+        await netns.create_netns(after)
+        assert _maker_netns() == [home]
+        assert os.readlink("/proc/thread-self/ns/net") == home
+    finally:
+        await netns.delete_netns(stranded)
+        await netns.delete_netns(after)
