@@ -18,11 +18,13 @@ SCRIPT = textwrap.dedent("""
     assert threading.active_count() == 1, "a preloaded module started a thread"
     before = set(sys.modules)
     from sandlot.execd.app import build_app
+    from sandlot.execd.handoff import HandoffReceiver, bind_receiver
     from sandlot.execd.lazyext import DeferredCode
     from sandlot.execd.main import parse_args
     from sandlot.execd.settings import Settings
     settings = Settings(state_dir=sys.argv[1])
-    parse_args(["--listen", "tcp:127.0.0.1:44772", "--token-stdin", "--", "sleep", "1"])
+    parse_args(["--listen", "tcp:127.0.0.1:44772", "--token-stdin", "--handoff", "--",
+                "sleep", "1"])
     build_app(settings, extensions=[DeferredCode(settings)])
     print(" ".join(sorted(set(sys.modules) - before)))
 """)

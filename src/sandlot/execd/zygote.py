@@ -58,6 +58,7 @@ FIXED_FDS = ("plan", "token", "stdio", "init")
 PRELOAD = (
     "sandlot.execd.main", "sandlot.execd.app", "sandlot.execd.procs",
     "sandlot.execd.lazyext", "sandlot.execd.claim", "sandlot.execd.hibernation",
+    "sandlot.execd.handoff",
     "sandlot.execd.cappedlog", "sandlot.execd.httpserver", "sandlot.execd.settings",
     "sandlot.execd.commands", "sandlot.execd.files", "sandlot.execd.upload",
     "sandlot.execd.metrics", "sandlot.execd.pty", "sandlot.execd.sessions",
