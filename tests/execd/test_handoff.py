@@ -14,13 +14,12 @@ from typing import Any
 
 from sandlot.execd.handoff import HandoffReceiver, bind_receiver
 from sandlot.execd.httpserver import HttpServer
+from tests.asgi_lifespan import answer_lifespan
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
+        await answer_lifespan(receive, send)
         return
     body = f"{scope['method']} {scope['path']}".encode()
     await send({"type": "http.response.start", "status": 200,

@@ -16,6 +16,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from sandlot.execd.httpserver import HttpServer
+from tests.asgi_lifespan import answer_lifespan
 
 HEADER, BODY_IDLE, KEEP_ALIVE = 0.6, 0.6, 1.0
 CLOSE_WITHIN = 15.0  # far beyond every deadline: a connection still open after it was not cut
@@ -23,9 +24,7 @@ CLOSE_WITHIN = 15.0  # far beyond every deadline: a connection still open after 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
+        await answer_lifespan(receive, send)
         return
     if scope["type"] == "websocket":
         await _ws_app(scope, receive, send)

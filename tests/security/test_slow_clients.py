@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 
 from sandlot.http_deadlines import deadline_protocol
+from tests.asgi_lifespan import answer_lifespan
 from tests.compat.conftest import (  # noqa: F401
     SandlotServer,
     compat_backend,
@@ -34,9 +35,7 @@ CLOSE_WITHIN = 15.0
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
+        await answer_lifespan(receive, send)
         return
     size = 0
     while True:
