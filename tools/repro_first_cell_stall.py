@@ -26,29 +26,11 @@ from code_interpreter import CodeInterpreter
 STALL = 5.0  # seconds: a context + first cell slower than this ends the loop
 
 
-async def _loop(server: SandlotServer, seconds: float) -> None:
+async def _loop(server: SandlotServer, seconds: float, sandboxes_n: int) -> None:
     sandboxes = Sandboxes(server, uuid.uuid4().hex[:8])
     try:
-        sandbox, _ = await sandboxes.create("code-interpreter", ready_timeout=120)
-        codes = (await CodeInterpreter.create(sandbox,
-                                              ready_timeout=timedelta(seconds=60))).codes
-        deadline = time.monotonic() + seconds
-        n = 0
-        while time.monotonic() < deadline:
-            await asyncio.sleep(1.0)
-            t0 = time.perf_counter()
-            ctx = await codes.create_context("python")
-            t1 = time.perf_counter()
-            await codes.run("1+1", context=ctx)
-            t2 = time.perf_counter()
-            n += 1
-            print(f"{n} context {1e3 * (t1 - t0):8.1f} ms, first cell {1e3 * (t2 - t1):8.1f} ms",
-                  flush=True)
-            if ctx.id:
-                await codes.delete_context(ctx.id)
-            if t2 - t0 > STALL:
-                print("STALL")
-                break
+        stalled = asyncio.Event()
+        await asyncio.gather(*(_one(sandboxes, seconds, i, stalled) for i in range(sandboxes_n)))
         for log in sorted(server.data_dir.glob("sandboxes/*/container.log")):
             lines = [line for line in log.read_text(errors="replace").splitlines()
                      if "Debugger warning" not in line and not line.startswith("0.00s")]
@@ -58,14 +40,40 @@ async def _loop(server: SandlotServer, seconds: float) -> None:
         await sandboxes.aclose()
 
 
+async def _one(sandboxes: Sandboxes, seconds: float, index: int, stalled: asyncio.Event) -> None:
+    """One sandbox's loop; it ends when any loop has seen a stall."""
+    sandbox, _ = await sandboxes.create("code-interpreter", ready_timeout=120)
+    codes = (await CodeInterpreter.create(sandbox,
+                                          ready_timeout=timedelta(seconds=60))).codes
+    deadline = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < deadline and not stalled.is_set():
+        await asyncio.sleep(1.0)
+        t0 = time.perf_counter()
+        ctx = await codes.create_context("python")
+        t1 = time.perf_counter()
+        await codes.run("1+1", context=ctx)
+        t2 = time.perf_counter()
+        n += 1
+        print(f"[{index}] {n} context {1e3 * (t1 - t0):8.1f} ms, "
+              f"first cell {1e3 * (t2 - t1):8.1f} ms", flush=True)
+        if ctx.id:
+            await codes.delete_context(ctx.id)
+        if t2 - t0 > STALL:
+            print(f"[{index}] STALL")
+            stalled.set()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=900.0)
+    parser.add_argument("--sandboxes", type=int, default=1,
+                        help="loops run at once, each on a sandbox of its own (more load)")
     opts = parser.parse_args()
-    server = SandlotServer(warm_pool_size=1)
+    server = SandlotServer(warm_pool_size=opts.sandboxes)
     server.start()
     try:
-        asyncio.run(_loop(server, opts.seconds))
+        asyncio.run(_loop(server, opts.seconds, opts.sandboxes))
     finally:
         server.stop()
         server.remove()

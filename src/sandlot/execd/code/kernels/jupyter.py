@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import zmq
@@ -11,15 +12,17 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
 from .. import identity
-from . import ready
+from . import ready, snapshot
 from .base import Emit, KernelDied, Output
 from .exitwatch import returncode, watch_exit
-from .iopub import IopubListener
+from .listener import SocketListener
+
+log = logging.getLogger(__name__)
 
 # How long to wait for an iopub message before checking that the kernel still lives.
 _POLL = 0.5
-# The client's channels: requests (shell) only; iopub is read by ``IopubListener`` on a
-# socket of its own (see kernels/iopub.py). No heartbeat: its
+# The client's channels: requests (shell) only; iopub is read by ``SocketListener`` on a
+# socket of its own (see kernels/listener.py). No heartbeat: its
 # channel is a thread per kernel pinging every second (a third of execd's samples in a code
 # run's profile, and an idle wake-up per kernel); liveness is the kernel process itself
 # (``is_alive``, the exit watch). No stdin (runs do not allow input) or control channel
@@ -44,7 +47,7 @@ class JupyterKernel:
         self._cwd = cwd
         self._env = env
         self._kc: Any = None
-        self._iopub: IopubListener | None = None
+        self._iopub: SocketListener | None = None
         self._shell: zmq.Socket[bytes] | None = None  # a plain shadow of the client's shell
         self._exit: asyncio.Future[int] | None = None
 
@@ -82,11 +85,13 @@ class JupyterKernel:
         self._exit = watch_exit(self.pid)
         self._kc = self._km.client()
         self._kc.start_channels(**CHANNELS)
-        self._iopub = IopubListener(self._km.connect_iopub(), self._kc.session)
+        self._iopub = SocketListener(self._km.connect_iopub(), self._kc.session)
         try:
             await ready.wait_ready(self._kc, timeout, self._drain_and_alive,
                                    iopub=self._iopub.first)
         except RuntimeError as exc:
+            log.warning("kernel not ready: %s; %s", exc, snapshot.describe(
+                self.pid, (self._km.shell_port, self._km.iopub_port)))
             await self.shutdown()
             raise KernelDied(self._returncode()) from exc
         except BaseException:

@@ -1,4 +1,4 @@
-"""``kernels.iopub.IopubListener``: messages reach the handler from the loop's own poll
+"""``kernels.listener.SocketListener``: messages reach the handler from the loop's own poll
 (a run sets its handler in the step that sends its request, so none of its messages is
 missed); messages that arrive while no handler listens are dropped, not kept."""
 
@@ -11,7 +11,7 @@ import zmq
 import zmq.asyncio
 from jupyter_client.session import Session
 
-from sandlot.execd.code.kernels.iopub import IopubListener
+from sandlot.execd.code.kernels.listener import SocketListener
 
 
 def test_listener_hands_messages_to_the_handler_until_it_is_done() -> None:
@@ -23,7 +23,7 @@ def test_listener_hands_messages_to_the_handler_until_it_is_done() -> None:
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(f"tcp://127.0.0.1:{port}")
-        listener = IopubListener(sub, session)
+        listener = SocketListener(sub, session)
         try:
             first = listener.first()
             while not first.done():  # the slow joiner: publish until one arrives

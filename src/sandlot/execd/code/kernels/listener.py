@@ -1,4 +1,5 @@
-"""A kernel's iopub messages read on the event loop's own poll, without pyzmq's asyncio layer.
+"""A kernel socket's messages (iopub, or readiness's own shell connection) read on the event
+loop's own poll, without pyzmq's asyncio layer.
 
 ``zmq.asyncio``'s ``recv_multipart`` makes a future per receive, registers it, polls the
 socket's events and resolves the future in a later loop pass: in the profile of warm
@@ -29,7 +30,7 @@ Handler = Callable[[dict[str, Any]], bool]
 log = logging.getLogger(__name__)
 
 
-class IopubListener:
+class SocketListener:
     """The kernel's iopub socket (``connect_iopub``'s, used only through a plain shadow of
     it), its messages parsed with ``session`` and given to the current handler.
 
@@ -44,10 +45,16 @@ class IopubListener:
         self._loop = asyncio.get_running_loop()
         self._handler: Handler | None = None
         self._seen: asyncio.Future[None] | None = None
+        self.received = 0  # messages taken from the socket, for diagnostics
         self._loop.add_reader(self._sock.FD, self._drain)
 
+    @property
+    def socket(self) -> zmq.Socket[bytes]:
+        """The plain shadow of the socket (to send on it; receiving is the listener's)."""
+        return self._sock
+
     def first(self) -> asyncio.Future[None]:
-        """A future resolved when any message has been received (readiness's iopub proof)."""
+        """A future resolved when the next message has been received (readiness's proofs)."""
         self._seen = self._loop.create_future()
         self._drain()
         return self._seen
@@ -75,6 +82,7 @@ class IopubListener:
             except zmq.ZMQError:
                 self.close()
                 return
+            self.received += 1
             if self._seen is not None and not self._seen.done():
                 self._seen.set_result(None)
             handler = self._handler
