@@ -12,13 +12,14 @@ flushed: the iopub statuses of these requests stay queued and the run's reader s
 (their parent is not the run's request).
 
 The requests go out on a shell connection of readiness's own (``connect_shell``), read on
-the loop's own poll and closed once the kernel is ready, so the client's shell socket never
-holds their replies. A kernel whose shell does not answer on that connection within
-``REOPEN_AFTER`` seconds is asked on a new one: a ZeroMQ ROUTER that missed its wake-up
-(the request sits in the socket, the kernel idles; about 1 in 1,000 starts under load in
-sandlot's loop, ``tools/repro_first_cell_stall.py``) reads everything queued when a peer
-connects, so the new connection gets it going again where the old code waited out the whole
-start timeout (60 s) with the kernel idle.
+the loop's own poll (drained after every send, which can consume the socket's wake-up) and
+closed once the kernel is ready, so the client's shell socket never holds their replies.
+A kernel whose iopub has spoken but whose shell has not answered on that connection within
+``REOPEN_AFTER`` seconds more (or at all within ``REOPEN_IDLE``) is asked on a new one.
+About 1 in 1,000 starts under load (``tools/repro_first_cell_stall.py``) ended with the
+kernel idle, iopub talking and the shell never answering, until the 60 s start timeout;
+the likely cause is a ROUTER that missed its descriptor's wake-up (requests sit unread),
+and a ROUTER reads what is queued when a new peer connects.
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ from typing import Any
 from .listener import SocketListener
 
 NUDGE = 0.2  # seconds between kernel_info requests while not yet ready
-REOPEN_AFTER = 3.0  # seconds without a shell reply before asking on a new connection
+# Seconds without a shell reply on a connection before asking on a new one: once iopub has
+# shown the kernel running (its shell answers within moments of that, even on a loaded
+# machine), and in any case (a start that is merely slow is not harmed by a new connection).
+REOPEN_AFTER = 2.0
+REOPEN_IDLE = 15.0
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +84,9 @@ async def wait_ready(client: Any, timeout: float, alive: Callable[[], Awaitable[
     iopub socket has received a message (``iopub()``'s result when given, else the
     client's iopub channel's). ``alive()`` is awaited between nudges; a dead kernel or
     ``timeout`` seconds raise ``RuntimeError`` (as ``wait_for_ready`` does)."""
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
+    iopub_at: float | None = None  # when iopub first delivered a message
     first = iopub() if iopub is not None else client.iopub_channel.socket.recv_multipart()
     iopub_seen = asyncio.ensure_future(first)
     shell = _ShellAsker(client)
@@ -91,10 +98,13 @@ async def wait_ready(client: Any, timeout: float, alive: Callable[[], Awaitable[
                 await asyncio.wait(waiting, timeout=NUDGE)
             if iopub_seen.done():
                 iopub_seen.result()  # a socket error ends the wait
+                iopub_at = iopub_at or time.monotonic()
             if shell.answered.done() and iopub_seen.done():
                 if shell.connections > 1:
-                    log.warning("kernel answered kernel_info only on shell connection %d "
-                                "(%d requests)", shell.connections, shell.asked)
+                    log.warning("kernel answered kernel_info after %.1f s, on shell "
+                                "connection %d (%d requests; iopub spoke %.1f s before)",
+                                time.monotonic() - started, shell.connections, shell.asked,
+                                time.monotonic() - (iopub_at or started))
                 return
             if not await alive():
                 raise RuntimeError("Kernel died before replying to kernel_info")
@@ -108,7 +118,10 @@ async def wait_ready(client: Any, timeout: float, alive: Callable[[], Awaitable[
                     f"Kernel didn't respond in {timeout:g} seconds ({missing}; "
                     f"{shell.asked} kernel_info requests on {shell.connections} "
                     "shell connection(s))")
-            if not shell.answered.done() and now - shell.opened > REOPEN_AFTER:
+            unanswered = now - max(shell.opened, iopub_at or now)
+            if not shell.answered.done() and (
+                    (iopub_at is not None and unanswered > REOPEN_AFTER)
+                    or now - shell.opened > REOPEN_IDLE):
                 shell.reopen()
     finally:
         shell.close()
