@@ -2,13 +2,17 @@
 never passes its readiness check (execd logs "warm python kernel failed to start ... killed
 by SIGKILL" after ``SANDLOT_CODE_START_TIMEOUT``, 60 s, and the context starts one cold).
 
-A bench server and one ``code-interpreter`` sandbox; every second a new context and
-``1+1``, until one takes more than 5 s or ``--seconds`` pass; then execd's log (the
-sandboxes' ``container.log``) is printed. Seen once in 168 iterations on 2026-12-03.
+A bench server and ``--sandboxes`` ``code-interpreter`` sandboxes; in each, every second a
+new context and ``1+1``, until one takes more than 5 s or ``--seconds`` pass; then execd's
+log (the sandboxes' ``container.log``) is printed. Seen once in 168 iterations on
+2026-12-03, and once in ~1,100 with three sandboxes. Since readiness opens a new shell
+connection for a kernel that does not answer, such a start shows as a "kernel answered
+kernel_info after ... on shell connection 2" line instead of a 60 s wait; a start that still
+fails logs "kernel not ready" with the kernel's threads and sockets.
 
 Run as root from the repository root:
 
-    PYTHONPATH=.:src .venv/bin/python tools/repro_first_cell_stall.py --seconds 900
+    PYTHONPATH=.:src .venv/bin/python tools/repro_first_cell_stall.py --seconds 900 --sandboxes 3
 """
 
 from __future__ import annotations
