@@ -19,6 +19,9 @@ class Settings:
     workdir: str = field(default_factory=default_workdir)
     # Journals and logs of executions; a private temp dir when not given.
     state_dir: str | None = None
+    # Capped log for code kernels' own stdout/stderr (code/kernelstdio.py); None: they
+    # inherit execd's (only for execd run by hand: in a sandbox that is the host's log).
+    kernel_log: str | None = None
     keepalive_interval: float = 15.0
     # DELETE /command: SIGINT, then SIGTERM, then SIGKILL, this many seconds apart.
     interrupt_grace: float = 3.0

@@ -6,7 +6,7 @@ import dataclasses
 import os
 from typing import Any
 
-from . import identity, versions
+from . import identity, kernelstdio, versions
 from .service import CodeService
 from .settings import CodeSettings
 
@@ -28,4 +28,5 @@ def build_extension(execd_settings: Any = None) -> CodeService:
         settings = dataclasses.replace(settings, keepalive=float(keepalive))
     identity.configure(getattr(execd_settings, "default_uid", None),
                        getattr(execd_settings, "default_gid", None))
+    kernelstdio.configure(getattr(execd_settings, "kernel_log", None))
     return CodeService(settings)

@@ -12,7 +12,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from sandlot.execd.oomscore import prefer_for_oom
 
-from .. import identity
+from .. import identity, kernelstdio
 from ..kernels import ready
 from ..kernels.exitwatch import returncode, watch_exit
 from ..oom import OomWatch
@@ -53,7 +53,8 @@ class ZmqApiKernel(ApiKernel):
         if not self._started:
             identity.prepare_connection_file(self.km)
             await self.km.start_kernel(cwd=self._cwd, env=self._env,
-                                       **identity.popen_kwargs())
+                                       **identity.popen_kwargs(),
+                                       **kernelstdio.popen_kwargs())
             await self._wait_ready()
         self._after_start()
 

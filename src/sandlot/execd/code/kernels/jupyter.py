@@ -11,7 +11,7 @@ import zmq
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
-from .. import identity
+from .. import identity, kernelstdio
 from . import ready, snapshot
 from .base import Emit, KernelDied, Output
 from .exitwatch import returncode, watch_exit
@@ -81,7 +81,8 @@ class JupyterKernel:
 
     async def start(self, timeout: float) -> None:
         identity.prepare_connection_file(self._km)
-        await self._km.start_kernel(cwd=self._cwd, env=self._env, **identity.popen_kwargs())
+        await self._km.start_kernel(cwd=self._cwd, env=self._env, **identity.popen_kwargs(),
+                                    **kernelstdio.popen_kwargs())
         self._exit = watch_exit(self.pid)
         self._kc = self._km.client()
         self._kc.start_channels(**CHANNELS)
