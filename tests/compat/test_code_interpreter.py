@@ -336,3 +336,32 @@ async def test_oom_then_fresh_context_and_execd_survives(code_server: SandlotSer
         await drop(ci, ctx)
     finally:
         await closing(sandbox, ci)
+
+
+async def test_a_kernels_own_output_is_in_the_sandbox_logs(code_server: SandlotServer) -> None:
+    """What a cell writes to its kernel's own stdout descriptor (not the run's output: the
+    descriptors the kernel started with) goes to the sandbox's capped kernels log, never to
+    the host's container log, and the logs diagnostics show it in a section of its own."""
+    sandbox = await new_sandbox(code_server)
+    ci: CodeInterpreter | None = None
+    try:
+        ci = await interpreter_for(sandbox)
+        ex = await ci.codes.run(
+            "import os, sys; os.write(sys.stdout.fileno(), b'kernel-own-output-7\\n')")
+        assert ex.error is None, ex.error
+        content = ""
+        with code_server.client() as c:
+            for _ in range(50):  # the copy into the log is asynchronous
+                r = c.get(f"/v1/sandboxes/{sandbox.id}/diagnostics/logs",
+                          params={"scope": "container"})
+                assert r.status_code == 200, r.text
+                content = r.json()["content"]
+                if "kernel-own-output-7" in content:
+                    break
+                await asyncio.sleep(0.2)
+        kernels = content.partition("=== code kernels' own output\n")[2]
+        assert "kernel-own-output-7" in kernels, content
+        init = content.partition("=== container init (execd) output\n")[2]
+        assert "kernel-own-output-7" not in init, content
+    finally:
+        await closing(sandbox, ci)

@@ -25,8 +25,6 @@ PRIVATE_ENV = "SANDLOT_EXECD_PRIVATE_ENV"
 TOKEN_ENV = "SANDLOT_EXECD_TOKEN"
 DEFAULT_PORT = protocol.DEFAULT_PORT
 KEEP_ALIVE_SECONDS = 75.0  # see --keep-alive-timeout
-# Code kernels' own output (code/kernelstdio.py): a capped log beside the entrypoint's.
-KERNEL_LOG_NAME = "kernels.log"
 # Slow clients (sandlot.http_deadlines): the request head within 30 s, body pauses <= 60 s
 # (generous: execd may run throttled to a fraction of a CPU; the host listener in front of
 # it closes connections idle for endpoint_idle_timeout_seconds anyway).
@@ -194,7 +192,7 @@ async def _serve(
         default_gid=int(gid or 0) if uid else None,
         workdir=ns.workdir or default_workdir(),
         state_dir=ns.state_dir,
-        kernel_log=(os.path.join(os.path.dirname(ns.entrypoint_log), KERNEL_LOG_NAME)
+        kernel_log=(os.path.join(os.path.dirname(ns.entrypoint_log), protocol.KERNEL_LOG_NAME)
                     if ns.entrypoint_log else None),
         interrupt_grace=ns.interrupt_grace,
         keepalive_interval=ns.keepalive,

@@ -17,6 +17,10 @@ CLAIM_PATH = "/_sandlot/claim"  # a pooled execd's one-time hand-over (execd/cla
 HANDOFF_ADDRESS = b"\0sandlot-execd-handoff"
 # Where the sandbox's entrypoint output goes (a tmpfs of the sandbox's own, every backend).
 ENTRYPOINT_LOG = "/run/sandlot/entrypoint.log"
+# Where Jupyter code kernels' own stdout and stderr go (execd/code/kernelstdio.py): beside
+# the entrypoint's log; the server's diagnostics show it after the entrypoint's output.
+KERNEL_LOG_NAME = "kernels.log"
+KERNEL_LOG = f"/run/sandlot/{KERNEL_LOG_NAME}"
 
 # The last line execd appends to the entrypoint's log when it ends; the server's diagnostics
 # look for it (``parse_entrypoint_exit``).

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sandlot.errors import InvalidRequest, NotFound, SandlotError
-from sandlot.execd.protocol import ENTRYPOINT_LOG, parse_entrypoint_exit
+from sandlot.execd.protocol import ENTRYPOINT_LOG, KERNEL_LOG, parse_entrypoint_exit
 from sandlot.runtime import execd_client
 from sandlot.server import codes
 from sandlot.server.event_recorder import NORMAL, WARNING, EventRecorder
@@ -250,8 +250,11 @@ class DiagnosticsService(LifecycleObserver):
         truncated = False
         parts: list[str] = []
         entry = None
+        execd_answered = False
         if rec.state in _EXECD_STATES:
+            before = len(warnings)
             entry = await self._entrypoint_log(rec, self.max_bytes, warnings)
+            execd_answered = len(warnings) == before
         else:
             warnings.append(f"the sandbox is {rec.state.value}: its entrypoint output can be "
                             "read while it runs")
@@ -260,6 +263,13 @@ class DiagnosticsService(LifecycleObserver):
             self._note_exit(rec.id, text)
             truncated |= entry[1]
             parts.append(f"=== entrypoint output ({' '.join(rec.entrypoint)})\n{text}")
+        # Asked only of an execd that answered just now; no warning of its own (most
+        # sandboxes never start a kernel, so there is often no such log).
+        kernels = (await self._sandbox_log(rec, KERNEL_LOG, "code kernels'", self.max_bytes,
+                                           None) if execd_answered else None)
+        if kernels is not None and kernels[0]:
+            truncated |= kernels[1]
+            parts.append("=== code kernels' own output\n" + kernels[0].decode(errors="replace"))
         try:
             init = await self.service.runtime.init_log(rec.id, self.max_bytes)
         except Exception as exc:  # noqa: BLE001 - reported, the rest is still useful
@@ -275,19 +285,25 @@ class DiagnosticsService(LifecycleObserver):
     async def _entrypoint_log(self, rec: SandboxRecord, max_bytes: int,
                               warnings: list[str] | None) -> tuple[bytes, bool] | None:
         """The tail of the entrypoint log, read through the sandbox's execd."""
+        return await self._sandbox_log(rec, ENTRYPOINT_LOG, "entrypoint", max_bytes, warnings)
+
+    async def _sandbox_log(self, rec: SandboxRecord, path: str, what: str, max_bytes: int,
+                           warnings: list[str] | None) -> tuple[bytes, bool] | None:
+        """The tail of a log file in the sandbox (``what`` names it in warnings), read
+        through the sandbox's execd; None when there is none."""
         sid = rec.id
         port = self.service.cfg.execd.port
         try:
             status, body = await execd_client.request(
                 lambda: self.service.runtime.connect(sid, port), "GET",
-                f"/files/download?path={ENTRYPOINT_LOG}",
+                f"/files/download?path={path}",
                 token=self.service.execd_token(rec), timeout=_EXECD_TIMEOUT,
                 headers={"Range": f"bytes=-{max_bytes}"}, max_body=max_bytes + 4096)
         except (OSError, TimeoutError, SandlotError, asyncio.IncompleteReadError,
                 asyncio.LimitOverrunError) as exc:
             if warnings is not None:
                 warnings.append(f"the sandbox's execd did not answer ({exc or type(exc).__name__}"
-                                "): entrypoint output is missing")
+                                f"): {what} output is missing")
             return None
         if status == 206:
             cut = len(body) >= max_bytes
@@ -297,9 +313,9 @@ class DiagnosticsService(LifecycleObserver):
         if status in (200, 416):
             return (body if status == 200 else b""), False
         if status == 404:
-            return None  # the sandbox has no entrypoint of its own (the idle default)
+            return None  # no entrypoint of its own (the idle default), no kernel started
         if warnings is not None:
-            warnings.append(f"the sandbox's execd answered {status} for the entrypoint log")
+            warnings.append(f"the sandbox's execd answered {status} for the {what} log")
         return None
 
     async def _require_known(self, sandbox_id: str) -> None:
