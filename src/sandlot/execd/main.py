@@ -192,8 +192,9 @@ async def _serve(
         default_gid=int(gid or 0) if uid else None,
         workdir=ns.workdir or default_workdir(),
         state_dir=ns.state_dir,
-        kernel_log=(os.path.join(os.path.dirname(ns.entrypoint_log), protocol.KERNEL_LOG_NAME)
-                    if ns.entrypoint_log else None),
+        # Beside the entrypoint's log, where every backend puts it; the server's diagnostics
+        # read it at the same fixed path.
+        kernel_log=protocol.KERNEL_LOG if ns.entrypoint_log else None,
         interrupt_grace=ns.interrupt_grace,
         keepalive_interval=ns.keepalive,
     )

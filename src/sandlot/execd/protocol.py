@@ -19,8 +19,7 @@ HANDOFF_ADDRESS = b"\0sandlot-execd-handoff"
 ENTRYPOINT_LOG = "/run/sandlot/entrypoint.log"
 # Where Jupyter code kernels' own stdout and stderr go (execd/code/kernelstdio.py): beside
 # the entrypoint's log; the server's diagnostics show it after the entrypoint's output.
-KERNEL_LOG_NAME = "kernels.log"
-KERNEL_LOG = f"/run/sandlot/{KERNEL_LOG_NAME}"
+KERNEL_LOG = "/run/sandlot/kernels.log"
 
 # The last line execd appends to the entrypoint's log when it ends; the server's diagnostics
 # look for it (``parse_entrypoint_exit``).

@@ -31,21 +31,21 @@ log = logging.getLogger(__name__)
 
 
 class SocketListener:
-    """The kernel's iopub socket (``connect_iopub``'s, used only through a plain shadow of
-    it), its messages parsed with ``session`` and given to the current handler.
+    """A kernel socket made for this listener (``connect_iopub``'s or ``connect_shell``'s,
+    used only through a plain shadow of it and closed with the listener), its messages
+    parsed with ``session`` and given to the current handler.
 
     Messages that arrive while no handler is set are received and dropped (readiness
     statuses, a run's late stragglers): none of them belongs to a later run."""
 
     def __init__(self, owner: Any, session: Any) -> None:
-        self._owner = owner  # the socket as connect_iopub made it: it owns the ZMQ socket
+        self._owner = owner  # the socket as jupyter_client made it: it owns the ZMQ socket
         self._sock: zmq.Socket[bytes] = zmq.Socket.shadow(owner.underlying)
         self._session = session
         self._fd: int | None = self._sock.FD
         self._loop = asyncio.get_running_loop()
         self._handler: Handler | None = None
         self._seen: asyncio.Future[None] | None = None
-        self.received = 0  # messages taken from the socket, for diagnostics
         self._loop.add_reader(self._sock.FD, self._drain)
 
     @property
@@ -82,7 +82,6 @@ class SocketListener:
             except zmq.ZMQError:
                 self.close()
                 return
-            self.received += 1
             if self._seen is not None and not self._seen.done():
                 self._seen.set_result(None)
             handler = self._handler
