@@ -64,7 +64,8 @@ async def test_kill9_restart(fresh_server: SandlotServer, image_store: ImageStor
     server.start()
 
     with server.client() as c:
-        assert c.get(f"/v1/sandboxes/{keep}").json()["status"]["state"] == "Running"
+        kept = c.get(f"/v1/sandboxes/{keep}").json()["status"]
+        assert kept["state"] == "Running", (kept, server.log_tail())
         failed = c.get(f"/v1/sandboxes/{vanishing}").json()["status"]
         assert failed["state"] == "Failed" and failed["reason"] == "CONTAINER_EXITED_ERROR"
         assert "stray-container" not in server.runtime_ids()

@@ -144,6 +144,8 @@ class FakeRuntime(Runtime):
         self.fail_deletes = 0  # how many of the next deletes fail
         self.tcp_services: dict[int, int] = {}  # sandbox port -> host port of a test server
         self.prewarmed: list[str] = []  # names of images the server asked to keep warm
+        # Answers inspect gives first, one per call, before the container's own state.
+        self.inspect_script: dict[str, list[ContainerState | Exception]] = {}
 
     @classmethod
     async def open(cls, cfg: Config) -> FakeRuntime:
@@ -188,6 +190,12 @@ class FakeRuntime(Runtime):
         return c
 
     async def inspect(self, sandbox_id: str) -> ContainerInfo:
+        script = self.inspect_script.get(sandbox_id)
+        if script:
+            answer = script.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return ContainerInfo(sandbox_id, answer)
         c = self.containers.get(sandbox_id)
         if c is None:
             return ContainerInfo(sandbox_id, ContainerState.MISSING)

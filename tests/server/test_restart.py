@@ -10,6 +10,9 @@ import httpx
 import pytest
 from sqlalchemy import text
 
+from sandlot.errors import RuntimeFailure
+from sandlot.runtime.base import ContainerState
+from sandlot.server import reconcile
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
 from sandlot.server.store import SandboxStore
 from sandlot.server.store.migrations import LATEST
@@ -84,6 +87,44 @@ async def test_pending_at_shutdown_becomes_failed(harness: Harness) -> None:
         got = (await c.get(f"/v1/sandboxes/{sid}")).json()
     assert got["status"]["state"] == "Failed"
     assert got["status"]["reason"] == "PROVISIONING_ERROR"
+
+
+@pytest.mark.fake_only
+async def test_a_stopped_answer_is_confirmed_before_a_sandbox_is_failed(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """runsc once reported a live sandbox stopped right after a restart (its signal-0 probe
+    into the sandbox failed on a loaded host); reconciliation asks again before failing it,
+    and a container that stays stopped is still failed."""
+    monkeypatch.setattr(reconcile, "STOPPED_CONFIRM_PAUSE", 0.0)
+    async with harness.client() as c:
+        flaky, dead = (await create(c))["id"], (await create(c))["id"]
+        for sid in (flaky, dead):
+            await harness.wait_state(c, sid, "Running")
+    await harness.stop()
+    harness.runtime.inspect_script[flaky] = [ContainerState.STOPPED]
+    harness.runtime.containers[dead].state = ContainerState.STOPPED
+    await harness.start()
+    async with harness.client() as c:
+        assert (await c.get(f"/v1/sandboxes/{flaky}")).json()["status"]["state"] == "Running"
+        gone = (await c.get(f"/v1/sandboxes/{dead}")).json()["status"]
+        assert gone["state"] == "Failed" and gone["reason"] == "CONTAINER_EXITED_ERROR"
+    assert flaky in harness.runtime.containers and dead not in harness.runtime.containers
+
+
+@pytest.mark.fake_only
+async def test_a_failed_inspect_at_start_up_keeps_the_sandbox(harness: Harness) -> None:
+    """An unknown state is not a vanished container: the server starts, the record stays."""
+    async with harness.client() as c:
+        sid = (await create(c))["id"]
+        await harness.wait_state(c, sid, "Running")
+    await harness.stop()
+    harness.runtime.inspect_script[sid] = [RuntimeFailure("runsc state failed (injected)")]
+    await harness.start()
+    async with harness.client() as c:
+        assert (await c.get(f"/v1/sandboxes/{sid}")).json()["status"]["state"] == "Running"
+        run = await c.get(f"/v1/sandboxes/{sid}/endpoints/44772")
+        assert run.status_code == 200
+    assert harness.service.expiry.pending().get(sid) is not None
 
 
 def _record(sid: str) -> SandboxRecord:

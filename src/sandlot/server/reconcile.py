@@ -8,6 +8,7 @@ endpoint listeners reopen on the ports clients were given before; expiry timers 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -15,7 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from sandlot.bounded import each_bounded
-from sandlot.runtime.base import ContainerState
+from sandlot.runtime.base import ContainerInfo, ContainerState
 from sandlot.server import codes
 from sandlot.server.models import SandboxRecord, SandboxState, utcnow
 
@@ -32,6 +33,12 @@ _LIVE_STATES = {
     SandboxState.RESUMING,
 }
 
+
+# A live record whose container the runtime reports stopped is asked about again this many
+# times, this far apart, before it is failed: runsc derives "stopped" from a signal-0 call
+# into the sandbox, which a loaded host can fail once while the sandbox is running.
+STOPPED_CONFIRMATIONS = 3
+STOPPED_CONFIRM_PAUSE = 0.5
 
 # Records (and orphans) reconciled at once: each is a runtime inspect or a teardown of
 # its own sandbox (a few host tools that mostly wait); one by one, a restart after a crash
@@ -83,6 +90,18 @@ async def _finish_delete(svc: SandboxService, rec: SandboxRecord, reason: str) -
         log.exception("could not finish deleting %s", rec.id)
 
 
+async def _confirmed_inspect(svc: SandboxService, sandbox_id: str) -> ContainerInfo:
+    """The runtime's answer, asked again while it says stopped (see STOPPED_CONFIRMATIONS);
+    a missing container is final."""
+    info = await svc.runtime.inspect(sandbox_id)
+    for _ in range(STOPPED_CONFIRMATIONS):
+        if info.state != ContainerState.STOPPED:
+            break
+        await asyncio.sleep(STOPPED_CONFIRM_PAUSE)
+        info = await svc.runtime.inspect(sandbox_id)
+    return info
+
+
 async def _reconcile_record(svc: SandboxService, rec: SandboxRecord, now: datetime) -> None:
     if rec.state in (SandboxState.STOPPING, SandboxState.TERMINATED):
         await _finish_delete(svc, rec, rec.reason or "user_delete")
@@ -102,7 +121,13 @@ async def _reconcile_record(svc: SandboxService, rec: SandboxRecord, now: dateti
             "The server stopped while this sandbox was being created.",
         )
     elif rec.state in _LIVE_STATES:
-        info = await svc.runtime.inspect(rec.id)
+        try:
+            info = await _confirmed_inspect(svc, rec.id)
+        except Exception:  # noqa: BLE001 - unknown is not gone: keep it, keep starting up
+            log.exception("could not inspect %s at start-up; its state is left as %s",
+                          rec.id, rec.state.value)
+            svc.expiry.schedule(rec.id, rec.expires_at)
+            return
         if info.state in (ContainerState.RUNNING, ContainerState.PAUSED):
             svc.observers.recovered(rec)
         if info.state == ContainerState.RUNNING:

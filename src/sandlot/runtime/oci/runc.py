@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -16,6 +17,12 @@ from sandlot.runtime.oci import runsc
 
 class RuncError(RuntimeFailure):
     pass
+
+
+# A failed ``state`` query of a container that still has state: asked this many times,
+# this many seconds apart, before the failure is raised.
+STATE_TRIES = 3
+STATE_RETRY_PAUSE = 0.2
 
 
 class Runc:
@@ -113,13 +120,25 @@ class Runc:
             shutil.rmtree(self.root / container_id, ignore_errors=True)
 
     async def state(self, container_id: str) -> dict[str, Any] | None:
+        """The binary's state of ``container_id``; None when it has no state (gone).
+
+        A failed query of a container whose state is still there is asked again, then
+        raised: reporting it gone would fail a live sandbox (seen once with runsc on a
+        loaded host after a server restart).
+        """
+        for attempt in range(STATE_TRIES):
+            if not self.has_state(container_id):
+                return None
+            res = await run_tool([*self._pre(), "state", container_id])
+            if res.ok:
+                result: dict[str, Any] = json.loads(res.stdout)
+                return result
+            if attempt + 1 < STATE_TRIES:
+                await asyncio.sleep(STATE_RETRY_PAUSE)
         if not self.has_state(container_id):
             return None
-        res = await run_tool([*self._pre(), "state", container_id])
-        if not res.ok:
-            return None
-        result: dict[str, Any] = json.loads(res.stdout)
-        return result
+        raise RuncError(f"{self.binary} state {container_id} failed: "
+                        f"{res.stderr.decode(errors='replace').strip()}")
 
     async def pause(self, container_id: str) -> None:
         await self._run("pause", container_id)
