@@ -81,3 +81,20 @@ def test_dropped_segments_are_reused_without_their_old_bytes(tmp_path: Path) -> 
     last_base, last_path = f.segments[-1]
     assert os.path.getsize(last_path) == f.size - last_base  # old bytes past the end cut off
     reader.close()
+
+
+def test_a_journal_over_an_old_file_holds_only_its_own_bytes(tmp_path: Path) -> None:
+    """Journals open their file without O_TRUNC (segments.py: ext4 flushes a truncated
+    file at close); a path that still holds bytes is emptied all the same."""
+    path = tmp_path / "s"
+    path.write_bytes(b"old contents, longer than what follows" * 10)
+    f = SegmentedFile(str(path), 1000)
+    f.append(b"new")
+    f.close()
+    assert path.read_bytes() == b"new"
+    spare = tmp_path / "spare"
+    spare.touch()  # an empty spare file (sparefiles.py) is used as it is
+    g = SegmentedFile(str(spare), 1000)
+    g.append(b"abc")
+    g.close()
+    assert spare.read_bytes() == b"abc"

@@ -42,6 +42,25 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
         written += n
 
 
+def _open_empty(path: str) -> int:
+    """Open ``path`` for writing from its start, empty, created if missing.
+
+    Not with ``O_TRUNC``, and no truncate of a file that is already empty (a spare file,
+    sparefiles.py): on ext4, under a sandbox's overlay too, truncating a file to nothing
+    marks it to have its data written out at close ("auto_da_alloc"), so every command's
+    journal cost a flush to disk when it ended: close 15-56 us p50 and 0.6-4.8 ms p99
+    against 1 us without, and disk writes for files deleted minutes later.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        if os.fstat(fd).st_size:
+            os.ftruncate(fd, 0)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 class SegmentedFile:
     def __init__(self, path: str, segment_bytes: int) -> None:
         self.path = path
@@ -49,8 +68,11 @@ class SegmentedFile:
         self.size = 0
         # (logical offset of its first byte, path), oldest first.
         self.segments: list[tuple[int, str]] = [(0, path)]
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self._fd = _open_empty(path)
         self._count = 1
+        # Whether the segment being written is a recycled file, whose old bytes past ours
+        # close() cuts off; a fresh one needs no truncate (see _open_empty for why not).
+        self._recycled = False
 
     @property
     def floor(self) -> int:
@@ -86,11 +108,13 @@ class SegmentedFile:
             try:
                 os.rename(old, path)  # recycled: see the module's docstring
                 self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+                self._recycled = True
             except OSError:
                 with contextlib.suppress(OSError):
                     os.unlink(old)
         if self._fd < 0:
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            self._fd = _open_empty(path)
+            self._recycled = False
         self.segments.append((self.size, path))
         while len(self.segments) > KEEP:
             _, old = self.segments.pop(0)
@@ -101,8 +125,9 @@ class SegmentedFile:
         """No more appends: free the write descriptor (reads open segments themselves). A
         recycled segment's old contents past the data are cut off."""
         if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, self.size - self.segments[-1][0])
+            if self._recycled:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self.size - self.segments[-1][0])
             os.close(self._fd)
             self._fd = -1
 
