@@ -85,7 +85,7 @@ from sandlot.runtime.oci import spec as ocispec
 from sandlot.runtime.oci.binary import OciBinary, choose_binary, flavor_of
 from sandlot.runtime.oci.layout import SandboxPaths, netns_name
 from sandlot.runtime.oci.pausemode import PauseModes
-from sandlot.runtime.oci.runc import Runc
+from sandlot.runtime.oci.runc import Runc, RuncError
 from sandlot.runtime.oci.snapshot_pools import SnapshotPools
 from sandlot.runtime.oci.snapshots import SnapshotLayers
 from sandlot.server.quantity import parse_ephemeral_storage
@@ -342,7 +342,11 @@ class OciRuntime(Runtime):
             mark = SandboxPaths.of(self.data_dir, cid).snapshot_freeze
             if not mark.exists():
                 continue
-            st = await self.runc.state(cid)
+            try:
+                st = await self.runc.state(cid)
+            except RuncError:  # unknown now: the mark stays for the next start to retry
+                log.exception("could not read the state of %s, frozen by a snapshot", cid)
+                continue
             if st is not None and st.get("status") == "paused":
                 log.warning("resuming %s: a snapshot froze it and the server stopped", cid)
                 await self.runc.resume(cid)
