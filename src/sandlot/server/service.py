@@ -692,8 +692,12 @@ class SandboxService:
                 raise RuntimeFailure(
                     f"Failed to pause sandbox container: {exc}", code=codes.SANDBOX_PAUSE_FAILED
                 ) from exc
-            info = await self.runtime.inspect(sandbox_id)
-            if info.reason == "hibernated":  # sandlot's own pause mode: its own reason
+            try:  # only to name the pause; the sandbox is paused either way
+                hibernated = (await self.runtime.inspect(sandbox_id)).reason == "hibernated"
+            except Exception:  # noqa: BLE001 - never leave the record Pausing
+                log.warning("could not inspect %s after pausing it", sandbox_id, exc_info=True)
+                hibernated = False
+            if hibernated:  # sandlot's own pause mode: its own reason
                 await self.set_state(rec, SandboxState.PAUSED, "Hibernated",
                                      "processes and memory checkpointed to disk; resume "
                                      "restores them")
