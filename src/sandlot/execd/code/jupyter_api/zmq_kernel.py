@@ -55,6 +55,7 @@ class ZmqApiKernel(ApiKernel):
             await self.km.start_kernel(cwd=self._cwd, env=self._env,
                                        **identity.popen_kwargs(),
                                        **kernelstdio.popen_kwargs())
+            prefer_for_oom(self.pid)  # from its first moment (kernels/jupyter.py says why)
             await self._wait_ready()
         self._after_start()
 
@@ -124,6 +125,7 @@ class ZmqApiKernel(ApiKernel):
             self._close_status_socket()
             self.execution_state = "starting"
             await self.km.restart_kernel(now=True)
+            prefer_for_oom(self.pid)
             await self._wait_ready()
             self._after_start()
             for client in list(self.clients):  # fresh sockets, subscribed before any output

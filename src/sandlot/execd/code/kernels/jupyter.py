@@ -11,6 +11,8 @@ import zmq
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
+from sandlot.execd.oomscore import prefer_for_oom
+
 from .. import identity, kernelstdio
 from . import ready, snapshot
 from .base import Emit, KernelDied, Output
@@ -83,6 +85,11 @@ class JupyterKernel:
         identity.prepare_connection_file(self._km)
         await self._km.start_kernel(cwd=self._cwd, env=self._env, **identity.popen_kwargs(),
                                     **kernelstdio.popen_kwargs())
+        # Preferred by the OOM killer from its first moment, not only once it answers (the
+        # caller raises it and its descendants again then): a kernel starting beside a cell
+        # that hit the memory limit would otherwise carry execd's own score, and between
+        # equals the OOM killer takes the larger process, execd.
+        prefer_for_oom(self.pid)
         self._exit = watch_exit(self.pid)
         self._kc = self._km.client()
         self._kc.start_channels(**CHANNELS)
