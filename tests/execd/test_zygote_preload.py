@@ -34,3 +34,42 @@ def test_building_execd_imports_nothing_the_zygote_did_not(tmp_path: Path) -> No
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], check=True,
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == []
+
+
+# Counts the regular expressions parsed (re's parser runs only on a cache miss) while
+# execd builds its app, with or without the zygote's preparation before it.
+PARSES = textwrap.dedent("""
+    import sys
+    from sandlot.execd import zygote
+    zygote.preload()
+    if sys.argv[2] == "prepared":
+        zygote.compile_routes()
+    from sandlot.execd.app import build_app
+    from sandlot.execd.claim import ClaimExtension
+    from sandlot.execd.lazyext import DeferredCode
+    from sandlot.execd.settings import Settings
+    parses = []
+
+    def watch(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code.co_name == "parse" and code.co_filename.endswith(
+                ("re/_parser.py", "sre_parse.py")):
+            parses.append(1)
+
+    settings = Settings(state_dir=sys.argv[1])
+    sys.setprofile(watch)
+    build_app(settings, extensions=[DeferredCode(settings),
+                                    ClaimExtension(settings, lambda argv: None)])
+    sys.setprofile(None)
+    print(len(parses))
+""")
+
+
+def test_a_forked_execd_finds_its_route_patterns_compiled(tmp_path: Path) -> None:
+    def parses(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", PARSES, str(tmp_path), mode], check=True,
+                             capture_output=True, text=True, timeout=60)
+        return int(out.stdout)
+
+    assert parses("bare") > 10  # the routes' patterns: what an unprepared execd compiles
+    assert parses("prepared") == 0
