@@ -496,7 +496,7 @@ class OciRuntime(Runtime):
             await runsc.create_access(netns_name(spec.sandbox_id))
         lowers = list(image.lower_dirs)
         if uid_base is not None:
-            lowers = self._shift_owners(p, lowers, uid_base)
+            lowers = self._shift_owners(p, lowers, uid_base, await self._userns_fd(uid_base))
             rootfs = self._make_rootfs_dir(spec.sandbox_id, uid_base)
         else:
             rootfs = p.rootfs
@@ -535,17 +535,31 @@ class OciRuntime(Runtime):
                                      spec.sandbox_id, plan, spec.execd_token or "",
                                      p.container_log)
 
-    def _shift_owners(self, p: SandboxPaths, lowers: list[Path], base: int) -> list[Path]:
-        """Idmapped views of the image layers, and the sandbox's own writable dirs, owned by
-        its uid range: root inside owns what host root owns, nothing is copied."""
+    async def _userns_fd(self, base: int) -> int:
+        """The user namespace mapping ``base``'s range, made once per range and kept.
+
+        Made on a worker thread: it starts a helper process and waits for it to enter its
+        namespace, which in a burst of creates (a new range each) waited for a busy CPU on
+        the event loop, stalling every request in flight."""
         fd = self._userns_fds.get(base)
-        if fd is None:
-            fd = self._userns_fds[base] = idmap.userns_fd(base, uidrange.RANGE_SIZE)
+        if fd is not None:
+            return fd
+        made = await asyncio.to_thread(idmap.userns_fd, base, uidrange.RANGE_SIZE)
+        fd = self._userns_fds.setdefault(base, made)
+        if fd != made:  # the range was released and taken again meanwhile: one copy kept
+            os.close(made)
+        return fd
+
+    def _shift_owners(self, p: SandboxPaths, lowers: list[Path], base: int,
+                      userns_fd: int) -> list[Path]:
+        """Idmapped views of the image layers, and the sandbox's own writable dirs, owned by
+        its uid range (through ``userns_fd``): root inside owns what host root owns, nothing
+        is copied."""
         shifted = []
         for i, layer in enumerate(lowers):
             target = p.lower / str(i)
             target.mkdir(parents=True, exist_ok=True)
-            idmap.idmapped_bind(layer, target, fd)
+            idmap.idmapped_bind(layer, target, userns_fd)
             shifted.append(target)
         for d in (p.upper, p.upper / ocispec.WORKSPACE.lstrip("/"), p.etc,
                   p.etc / "hosts", p.etc / "hostname"):
