@@ -1,0 +1,134 @@
+"""Whole-machine CPU per create through the released SDK, split by process tree.
+
+Starts a bench server (``bench/server.py``), creates ``--level`` sandboxes at once,
+``--rounds`` times, and reports per create: the machine's busy CPU (``/proc/stat``), the
+server's own and its reaped children's (``runc``, helpers), the execd zygote's tree (its
+reaped first children, the live execds), this client's, and the rest (the containers' own
+processes, which leave the server's tree, and kernel threads). Whether a burst is slow
+because it is contended or because it is simply that much work shows here.
+
+    .venv/bin/python tools/measure_burst_cpu.py --pool 10 --level 100
+    .venv/bin/python tools/measure_burst_cpu.py --pool 0 --level 1 --rounds 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.sdk import Sandboxes  # noqa: E402 - after the path above
+from bench.server import SandlotServer  # noqa: E402
+
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def _fields(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _cpu_ms(pid: int) -> tuple[float, float]:
+    """(own, reaped children's) CPU of ``pid`` in ms."""
+    f = [int(x) for x in _fields(pid)[11:15]]
+    return (f[0] + f[1]) * 1e3 / HZ, (f[2] + f[3]) * 1e3 / HZ
+
+
+def _machine_ms() -> float:
+    v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) * 1e3 / HZ
+
+
+def _tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                children.setdefault(int(_fields(int(entry))[1]), []).append(int(entry))
+            except OSError:
+                pass
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _tree_ms(root: int) -> float:
+    """Own CPU of ``root`` and its live descendants, plus ``root``'s reaped children."""
+    total = _cpu_ms(root)[1]
+    for pid in _tree(root):
+        try:
+            total += _cpu_ms(pid)[0]
+        except OSError:
+            pass
+    return total
+
+
+def _zygote(server_pid: int) -> int:
+    for pid in _tree(server_pid):
+        try:
+            if b"sandlot.execd.zygote" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            pass
+    raise SystemExit("no execd zygote under the server (execd_launch = \"exec\"?)")
+
+
+def _client_ms() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return (r.ru_utime + r.ru_stime) * 1e3
+
+
+async def measure(pool: int, level: int, rounds: int) -> None:
+    server = SandlotServer(warm_pool_size=pool)
+    await asyncio.to_thread(server.start)
+    assert server.proc is not None
+    boxes = Sandboxes(server, "burst-cpu")
+    try:
+        first, _ = await boxes.create()  # caches hot, the zygote started
+        await boxes.delete(first)
+        await asyncio.sleep(4)  # the pool refilled
+        zygote = _zygote(server.proc.pid)
+        before = (_cpu_ms(server.proc.pid), _tree_ms(zygote), _client_ms(), _machine_ms())
+        t0 = time.perf_counter()
+        latencies: list[float] = []
+        for _ in range(rounds):
+            made = await asyncio.gather(*(boxes.create() for _ in range(level)))
+            latencies += [seconds * 1e3 for _, seconds in made]
+        wall = (time.perf_counter() - t0) * 1e3
+        after = (_cpu_ms(server.proc.pid), _tree_ms(zygote), _client_ms(), _machine_ms())
+    finally:
+        await boxes.shut_down()
+    n = level * rounds
+    own = (after[0][0] - before[0][0]) / n
+    reaped = (after[0][1] - before[0][1]) / n
+    zyg = (after[1] - before[1]) / n
+    client = (after[2] - before[2]) / n
+    machine = (after[3] - before[3]) / n
+    latencies.sort()
+    print(f"pool {pool}, {rounds} x {level} at once: latency p50 {statistics.median(latencies):.0f}"
+          f" ms, p99 {latencies[round(0.99 * (n - 1))]:.0f} ms, wall {wall:.0f} ms")
+    print(f"CPU per create (ms): machine {machine:.1f} = server {own:.1f} + its reaped "
+          f"children {reaped:.1f} + zygote tree {zyg:.1f} + client {client:.1f} + rest "
+          f"{machine - own - reaped - zyg - client:.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pool", type=int, default=10, help="the server's warm_pool_size")
+    ap.add_argument("--level", type=int, default=100, help="creates at once")
+    ap.add_argument("--rounds", type=int, default=1, help="bursts, one after the other")
+    a = ap.parse_args()
+    asyncio.run(measure(a.pool, a.level, a.rounds))
+
+
+if __name__ == "__main__":
+    main()
