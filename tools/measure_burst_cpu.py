@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import statistics
 import sys
 import time
@@ -24,67 +23,45 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.sdk import Sandboxes  # noqa: E402 - after the path above
+import psutil  # noqa: E402 - after the path above
+from bench.sdk import Sandboxes  # noqa: E402
 from bench.server import SandlotServer  # noqa: E402
+
+from bench import procs  # noqa: E402
 
 HZ = os.sysconf("SC_CLK_TCK")
 
 
-def _fields(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def _cpu_ms(pid: int) -> tuple[float, float]:
-    """(own, reaped children's) CPU of ``pid`` in ms."""
-    f = [int(x) for x in _fields(pid)[11:15]]
-    return (f[0] + f[1]) * 1e3 / HZ, (f[2] + f[3]) * 1e3 / HZ
-
-
 def _machine_ms() -> float:
+    """Busy CPU of the whole machine so far (``/proc/stat``), in ms."""
     v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return (sum(v[:8]) - v[3] - v[4]) * 1e3 / HZ
 
 
-def _tree(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                children.setdefault(int(_fields(int(entry))[1]), []).append(int(entry))
-            except OSError:
-                pass
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo += children.get(pid, [])
-    return found
+def _own_and_reaped_ms(pid: int) -> tuple[float, float]:
+    t = psutil.Process(pid).cpu_times()
+    return (t.user + t.system) * 1e3, (t.children_user + t.children_system) * 1e3
 
 
 def _tree_ms(root: int) -> float:
     """Own CPU of ``root`` and its live descendants, plus ``root``'s reaped children."""
-    total = _cpu_ms(root)[1]
-    for pid in _tree(root):
-        try:
-            total += _cpu_ms(pid)[0]
-        except OSError:
-            pass
-    return total
+    return (sum(procs.cpu_seconds(procs.tree_pids(root)).values()) * 1e3
+            + _own_and_reaped_ms(root)[1])
 
 
 def _zygote(server_pid: int) -> int:
-    for pid in _tree(server_pid):
+    for pid in procs.tree_pids(server_pid):
         try:
-            if b"sandlot.execd.zygote" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if "sandlot.execd.zygote" in psutil.Process(pid).cmdline():
                 return pid
-        except OSError:
+        except psutil.Error:
             pass
     raise SystemExit("no execd zygote under the server (execd_launch = \"exec\"?)")
 
 
-def _client_ms() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return (r.ru_utime + r.ru_stime) * 1e3
+def _snapshot(server: int, zygote: int) -> tuple[tuple[float, float], float, float, float]:
+    return (_own_and_reaped_ms(server), _tree_ms(zygote), procs.self_cpu_seconds() * 1e3,
+            _machine_ms())
 
 
 async def measure(pool: int, level: int, rounds: int) -> None:
@@ -97,14 +74,14 @@ async def measure(pool: int, level: int, rounds: int) -> None:
         await boxes.delete(first)
         await asyncio.sleep(4)  # the pool refilled
         zygote = _zygote(server.proc.pid)
-        before = (_cpu_ms(server.proc.pid), _tree_ms(zygote), _client_ms(), _machine_ms())
+        before = _snapshot(server.proc.pid, zygote)
         t0 = time.perf_counter()
         latencies: list[float] = []
         for _ in range(rounds):
             made = await asyncio.gather(*(boxes.create() for _ in range(level)))
             latencies += [seconds * 1e3 for _, seconds in made]
         wall = (time.perf_counter() - t0) * 1e3
-        after = (_cpu_ms(server.proc.pid), _tree_ms(zygote), _client_ms(), _machine_ms())
+        after = _snapshot(server.proc.pid, zygote)
     finally:
         await boxes.shut_down()
     n = level * rounds
