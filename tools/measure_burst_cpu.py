@@ -59,9 +59,21 @@ def _zygote(server_pid: int) -> int:
     raise SystemExit("no execd zygote under the server (execd_launch = \"exec\"?)")
 
 
-def _snapshot(server: int, zygote: int) -> tuple[tuple[float, float], float, float, float]:
+def _container_inits_ms() -> float:
+    """CPU of the live sandboxes' PID 1s: ``runc init`` (its Go start, namespace and mount
+    set-up) ran as that same process before it became the image's init."""
+    pids = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if cmd[:1] == ["/run/sandlot/init"]:
+            pids.append(proc.pid)
+    return sum(procs.cpu_seconds(pids).values()) * 1e3
+
+
+def _snapshot(server: int, zygote: int) -> tuple[tuple[float, float], float, float, float,
+                                                  float]:
     return (_own_and_reaped_ms(server), _tree_ms(zygote), procs.self_cpu_seconds() * 1e3,
-            _machine_ms())
+            _machine_ms(), _container_inits_ms())
 
 
 async def measure(pool: int, level: int, rounds: int) -> None:
@@ -90,12 +102,13 @@ async def measure(pool: int, level: int, rounds: int) -> None:
     zyg = (after[1] - before[1]) / n
     client = (after[2] - before[2]) / n
     machine = (after[3] - before[3]) / n
+    inits = (after[4] - before[4]) / n
     latencies.sort()
     print(f"pool {pool}, {rounds} x {level} at once: latency p50 {statistics.median(latencies):.0f}"
           f" ms, p99 {latencies[round(0.99 * (n - 1))]:.0f} ms, wall {wall:.0f} ms")
     print(f"CPU per create (ms): machine {machine:.1f} = server {own:.1f} + its reaped "
-          f"children {reaped:.1f} + zygote tree {zyg:.1f} + client {client:.1f} + rest "
-          f"{machine - own - reaped - zyg - client:.1f}")
+          f"children {reaped:.1f} + zygote tree {zyg:.1f} + client {client:.1f} + container "
+          f"inits {inits:.1f} + rest {machine - own - reaped - zyg - client - inits:.1f}")
 
 
 def main() -> None:

@@ -313,6 +313,48 @@ async def test_a_start_cut_short_is_stopped_at_the_next_open(
     await wait_ping(rt, "zy-whole")
 
 
+def _children_born_home(zygote: int) -> bool:
+    """Whether the zygote's next child would be born in the zygote's own pid namespace."""
+    return (os.readlink(f"/proc/{zygote}/ns/pid_for_children")
+            == os.readlink(f"/proc/{zygote}/ns/pid"))
+
+
+async def test_the_zygote_points_only_one_fork_into_a_sandbox(
+    zygote_rt: OciRuntime, rt_image: Image, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """execd is born in its sandbox's pid namespace (one fork): the zygote points its
+    children's pid namespace there for that fork only, also when the fork fails (the
+    sandbox's PID 1 died meanwhile), and goes on serving from its own."""
+    rt = zygote_rt
+    await rt.create(spec("zy-home1", rt_image))
+    await wait_ping(rt, "zy-home1")
+    assert rt.zygote is not None
+    zygote = rt.zygote.pid
+    assert zygote is not None and _children_born_home(zygote)
+    execd = execd_pid(rt, "zy-home1")
+    assert int(status(execd)["PPid"]) == zygote  # forked once, by the zygote itself
+    assert os.readlink(f"/proc/{execd}/ns/pid") == \
+        os.readlink(f"/proc/{init_pid(rt, 'zy-home1')}/ns/pid")
+
+    real = ocizygote.open_launch_fds
+
+    def init_dies_after_opening(init: int, *args: object) -> tuple[dict, list[int]]:
+        opened = real(init, *args)  # type: ignore[arg-type]
+        os.kill(init, signal.SIGKILL)
+        assert process_gone(init)
+        return opened
+
+    monkeypatch.setattr(ocizygote, "open_launch_fds", init_dies_after_opening)
+    with pytest.raises(RuntimeFailure, match="cannot fork into the sandbox"):
+        await rt.create(spec("zy-dead", rt_image))
+    monkeypatch.undo()
+    assert rt.zygote.pid == zygote and _children_born_home(zygote)
+    assert not leftovers(rt, "zy-dead")
+    await rt.create(spec("zy-home2", rt_image))
+    await wait_ping(rt, "zy-home2")
+    assert rt.zygote.pid == zygote and _children_born_home(zygote)
+
+
 async def test_zygote_restarts_and_closes_without_orphans(
     runtime_data_dir: Path, rt_image: Image
 ) -> None:

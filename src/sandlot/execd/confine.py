@@ -6,21 +6,30 @@ The plan comes from the server: the ``process`` object runc would have run execd
 container's ``linux.seccomp`` object; namespaces and cgroups come as descriptors the server
 opened on the container's init process. Nothing here reads a path the sandbox can change.
 
-Order (``enter_sandbox`` in the first child, ``become_execd`` in the second):
+Order (``fork_into`` in the zygote, ``join_cgroups`` and ``enter_sandbox`` then
+``become_execd`` in its child):
 
-1. still host root, outside: join the sandbox's cgroups (descriptors of ``cgroup.procs``),
-   set oom_score_adj and rlimits (lowering the one and raising the other need host
-   privileges), non-dumpable from the first instruction on;
-2. ``setns`` into the network namespace (made by the host, owned by the host's user
+1. the zygote points the pid namespace of its *children* at the sandbox's (``setns`` of a
+   pid namespace never moves the caller itself), forks, and points it back at its own at
+   once; the child is born in the sandbox's pid namespace, so one fork does what a fork to
+   enter and a second fork inside the namespace did (a process joins a pid namespace only
+   through its birth). A zygote that cannot point it back ends rather than fork again;
+2. the child, still host root, outside every other namespace: non-dumpable first, joins
+   the sandbox's cgroups (descriptors of ``cgroup.procs``), sets oom_score_adj and rlimits
+   (lowering the one and raising the other need host privileges);
+3. ``setns`` into the network namespace (made by the host, owned by the host's user
    namespace: it must be joined while we still hold host privileges), then the sandbox's
-   user namespace (from here on no privilege outside it is left), then mnt, ipc, uts,
-   cgroup and pid: the namespaces runc made inside that user namespace;
-3. fork (a process enters a pid namespace only through its children);
-4. the second child: a session of its own (as runc's init), uid/gid 0 of the user
-   namespace, no supplementary groups, the exact capability sets runc gives execd
-   (bounding, permitted, effective; inheritable and ambient empty), no_new_privs, the
-   same seccomp program (libseccomp, from the same OCI object runc compiles), cwd, umask,
-   environment, default signal dispositions, and every descriptor but stdio closed.
+   user namespace (from here on no privilege outside it is left), then mnt, ipc, uts and
+   cgroup: the namespaces runc made inside that user namespace;
+4. a session of its own (as runc's init), uid/gid 0 of the user namespace, no
+   supplementary groups, the exact capability sets runc gives execd (bounding, permitted,
+   effective; inheritable and ambient empty), no_new_privs, the same seccomp program
+   (libseccomp, from the same OCI object runc compiles), cwd, umask, environment, default
+   signal dispositions, and every descriptor but stdio closed.
+
+Between its birth and step 3 the child sits in the sandbox's pid namespace as host root:
+the sandbox's processes see it there, but signalling, tracing or reading its memory needs
+privileges over the host's user namespace, which nothing in a sandbox holds.
 """
 
 from __future__ import annotations
@@ -38,8 +47,10 @@ import pyseccomp
 
 # Python 3.11 has no os.setns (3.12 does): the libc call through ctypes.
 _libc = ctypes.CDLL(None, use_errno=True)
-# The order namespaces are joined in (see the module docstring).
-NAMESPACE_ORDER = ("net", "user", "mnt", "ipc", "uts", "cgroup", "pid")
+# The order the child joins namespaces in (see the module docstring); the pid namespace is
+# the zygote's step (``fork_into``).
+NAMESPACE_ORDER = ("net", "user", "mnt", "ipc", "uts", "cgroup")
+NAMESPACES = (*NAMESPACE_ORDER, "pid")  # the descriptors a launch brings
 _RLIMITS = {name: getattr(resource, name) for name in dir(resource)
             if name.startswith("RLIMIT_")}
 _SECCOMP_OPS = {
@@ -151,12 +162,42 @@ class CompiledFilter:
             raise OSError(err, f"loading the seccomp program: {os.strerror(err)}")
 
 
-def enter_sandbox(plan: dict[str, Any], ns_fds: dict[str, int], cgroup_fds: list[int]) -> None:
-    """Steps 1 and 2 (see the module docstring); the caller forks afterwards."""
+def fork_into(pid_ns: int, home: int) -> int:
+    """Step 1: ``os.fork()`` with the child born in the pid namespace ``pid_ns``; the
+    caller's children's pid namespace is pointed back at ``home`` (the caller's own) before
+    this returns in the parent. If that fails the caller is ended (exit status 70): any
+    child it forked next would be born in the sandbox."""
+    setns(pid_ns, "pid")
+    try:
+        pid = os.fork()
+    except BaseException:
+        _home(home)
+        raise
+    if pid:
+        _home(home)
+    return pid
+
+
+def _home(home: int) -> None:
+    try:
+        setns(home, "pid")
+    except ConfineError as exc:
+        os.write(2, f"execd zygote: {exc}; ending\n".encode())
+        os._exit(70)
+
+
+def join_cgroups(cgroup_fds: list[int]) -> None:
+    """Step 2's start: non-dumpable, then into the sandbox's cgroups (its memory, from here
+    on, is charged to the sandbox)."""
     prctl.set_dumpable(False)
-    me = str(os.getpid()).encode()
+    me = str(os.getpid()).encode()  # as the pid namespace we are in numbers us
     for fd in cgroup_fds:
         os.write(fd, me)
+
+
+def enter_sandbox(plan: dict[str, Any], ns_fds: dict[str, int]) -> None:
+    """Steps 2 (after ``join_cgroups``) and 3 (see the module docstring)."""
+    prctl.set_dumpable(False)
     process = plan["process"]
     adj = process.get("oomScoreAdj")
     if adj is not None:

@@ -176,7 +176,7 @@ class Request:
         self.fds = dict(zip(names, fds, strict=True))
         self.ns = {n: self.fds[f"ns:{n}"] for n in header["ns"]}
         self.cgroups = [self.fds[f"cgroup:{i}"] for i in range(int(header["cgroups"]))]
-        missing = set(confine.NAMESPACE_ORDER) - set(self.ns)
+        missing = set(confine.NAMESPACES) - set(self.ns)
         if missing:
             raise ValueError(f"namespaces missing: {', '.join(sorted(missing))}")
 
@@ -187,29 +187,17 @@ class Request:
                     os.close(fd)
 
 
-def _first_child(req: Request, report: int, prebuilt: tuple[str, Any] | None) -> NoReturn:
-    """Runs in the zygote's fork: enter the sandbox, fork into its pid namespace."""
+def _child(req: Request, report: int, prebuilt: tuple[str, Any] | None) -> NoReturn:
+    """Runs in the zygote's fork, born in the sandbox's pid namespace (``confine``'s
+    step 1): confine itself, then run execd."""
+    code = 1
     try:
         signal.set_wakeup_fd(-1)  # the zygote's wake-up pipe is closed here
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        confine.join_cgroups(req.cgroups)
         plan = json.loads(_read_all(req.fds["plan"]))
-        confine.enter_sandbox(plan, req.ns, req.cgroups)
+        confine.enter_sandbox(plan, req.ns)
         req.close(keep=("token", "stdio"))
-        pid = os.fork()
-        if pid == 0:
-            _execd_child(plan, req, report, prebuilt)
-        _report(report, f"pid {pid}")
-        os._exit(0)
-    except BaseException as exc:  # noqa: BLE001 - reported, then this child ends
-        _report(report, f"error {type(exc).__name__}: {exc}")
-        os._exit(1)
-
-
-def _execd_child(plan: dict[str, Any], req: Request, report: int,
-                 prebuilt: tuple[str, Any] | None) -> NoReturn:
-    """The second fork, inside the pid namespace: drop to what runc gives execd, run it."""
-    code = 1
-    try:
         confine.become_execd(plan, filter_for(plan, prebuilt))
         token, stdio = req.fds["token"], req.fds["stdio"]
         os.dup2(token, 0)
@@ -245,6 +233,9 @@ class Zygote:
         self.control = control
         self.execds: dict[int, int] = {}  # execd's host pid -> pidfd of its container init
         self.filters = SeccompFilters()
+        # The zygote's own pid namespace: its children's is pointed back here after each
+        # fork into a sandbox's (confine.fork_into).
+        self.home_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -275,25 +266,29 @@ class Zygote:
             return {"error": f"bad request: {exc}"}
         prebuilt = self.filters.get(header.get("seccomp"))
         report_r, report_w = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
+        try:
+            pid = confine.fork_into(req.ns["pid"], self.home_pid_ns)
+        except (OSError, confine.ConfineError) as exc:  # e.g. the sandbox's PID 1 is gone
+            for fd in (report_r, report_w):
+                os.close(fd)
+            req.close()
+            return {"error": f"cannot fork into the sandbox: {exc}"}
         if pid == 0:
             self.control.close()
-            for fd in (report_r, self.wake_r, self.wake_w):
+            for fd in (report_r, self.wake_r, self.wake_w, self.home_pid_ns):
                 os.close(fd)
-            _first_child(req, report_w, prebuilt)
+            _child(req, report_w, prebuilt)
         os.close(report_w)
         init = req.fds["init"]
         req.close(keep=("init",))
         lines = self._read_report(report_r).splitlines()
         os.close(report_r)
-        execd = next((int(x.split()[1]) for x in lines if x.startswith("pid ")), None)
         errors = [x.removeprefix("error ") for x in lines if x.startswith("error ")]
-        if "ok" in lines and execd is not None and not errors:
-            self.execds[execd] = init
-            return {"pid": execd}
-        if execd is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(execd, signal.SIGKILL)
+        if "ok" in lines and not errors:
+            self.execds[pid] = init
+            return {"pid": pid}
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
         os.close(init)
         return {"error": "; ".join(errors) or "the execd child ended before it was ready"}
 

@@ -85,7 +85,7 @@ def record_limits(
     if memory_bytes is not None:
         res["memory"] = {"limit": memory_bytes, **({"swap": memory_bytes} if swap_limit else {})}
     tmp = config_json.with_suffix(".tmp")
-    tmp.write_text(json.dumps(config, indent=1))
+    tmp.write_text(json.dumps(config, separators=(",", ":")))  # the C encoder: see _create
     os.replace(tmp, config_json)
 
 

@@ -527,7 +527,9 @@ class OciRuntime(Runtime):
         plan = None
         if self.zygote is not None and uid_base is not None:
             plan = zygote.use_waiter(config, self._waiter)  # PID 1 waits; execd comes forked
-        p.config_json.write_text(json.dumps(config, indent=1))
+        # Compact: with indent the pure-Python encoder ran (~0.8 ms of the loop per create,
+        # against ~0.13 ms for the C one); nothing reads it but parsers.
+        p.config_json.write_text(json.dumps(config, separators=(",", ":")))
         await self.runc.run_detached(spec.sandbox_id, p.bundle, p.container_log, p.runc_log,
                                      secret=b"" if plan else (spec.execd_token or "").encode())
         if plan is not None and self.zygote is not None:
