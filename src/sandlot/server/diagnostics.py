@@ -40,6 +40,11 @@ _MAX_EVENTS = 5000
 _EXECD_STATES = (SandboxState.RUNNING, SandboxState.PENDING, SandboxState.STOPPING)
 
 
+async def _nothing() -> None:
+    """An awaitable of no log (a sandbox whose execd is not asked)."""
+    return None
+
+
 @dataclass
 class Content:
     """One diagnostics answer before it is shaped for the wire."""
@@ -246,15 +251,25 @@ class DiagnosticsService(LifecycleObserver):
                        [f"the sandbox has ended; logs as kept at {_iso(final.captured_at)}"])
 
     async def _live_logs(self, rec: SandboxRecord) -> Content:
+        """The entrypoint's and the code kernels' logs (through execd) and the container's
+        own output, read at once: in a delete they are its last step before the teardown,
+        and one after the other they cost a round trip into the sandbox each."""
         warnings: list[str] = []
         truncated = False
         parts: list[str] = []
-        entry = None
-        execd_answered = False
-        if rec.state in _EXECD_STATES:
-            before = len(warnings)
-            entry = await self._entrypoint_log(rec, self.max_bytes, warnings)
-            execd_answered = len(warnings) == before
+        entry_warnings: list[str] = []
+        in_execd = rec.state in _EXECD_STATES
+        entry, kernels, (init, init_warning) = await asyncio.gather(
+            self._entrypoint_log(rec, self.max_bytes, entry_warnings) if in_execd
+            else _nothing(),
+            # No warning of its own (most sandboxes never start a kernel, so there is often
+            # no such log); kept only from an execd that answered the entrypoint's request.
+            self._sandbox_log(rec, KERNEL_LOG, "code kernels'", self.max_bytes, None)
+            if in_execd else _nothing(),
+            self._init_log(rec),
+        )
+        if in_execd:
+            warnings += entry_warnings
         else:
             warnings.append(f"the sandbox is {rec.state.value}: its entrypoint output can be "
                             "read while it runs")
@@ -263,24 +278,24 @@ class DiagnosticsService(LifecycleObserver):
             self._note_exit(rec.id, text)
             truncated |= entry[1]
             parts.append(f"=== entrypoint output ({' '.join(rec.entrypoint)})\n{text}")
-        # Asked only of an execd that answered just now; no warning of its own (most
-        # sandboxes never start a kernel, so there is often no such log).
-        kernels = (await self._sandbox_log(rec, KERNEL_LOG, "code kernels'", self.max_bytes,
-                                           None) if execd_answered else None)
-        if kernels is not None and kernels[0]:
+        if kernels is not None and kernels[0] and not entry_warnings:
             truncated |= kernels[1]
             parts.append("=== code kernels' own output\n" + kernels[0].decode(errors="replace"))
-        try:
-            init = await self.service.runtime.init_log(rec.id, self.max_bytes)
-        except Exception as exc:  # noqa: BLE001 - reported, the rest is still useful
-            warnings.append(f"the container's own output cannot be read: {exc}")
-            init = None
+        if init_warning is not None:
+            warnings.append(init_warning)
         if init is not None and init[0]:
             truncated |= init[1]
             parts.append("=== container init (execd) output\n"
                          + init[0].decode(errors="replace"))
         text = "".join(p if p.endswith("\n") else p + "\n" for p in parts)
         return Content(text, truncated, warnings)
+
+    async def _init_log(self, rec: SandboxRecord) -> tuple[tuple[bytes, bool] | None, str | None]:
+        """The container's own output (runc's stdio file) and a warning if unreadable."""
+        try:
+            return await self.service.runtime.init_log(rec.id, self.max_bytes), None
+        except Exception as exc:  # noqa: BLE001 - reported, the rest is still useful
+            return None, f"the container's own output cannot be read: {exc}"
 
     async def _entrypoint_log(self, rec: SandboxRecord, max_bytes: int,
                               warnings: list[str] | None) -> tuple[bytes, bool] | None:
