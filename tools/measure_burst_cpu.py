@@ -28,6 +28,7 @@ from bench.sdk import Sandboxes  # noqa: E402
 from bench.server import SandlotServer  # noqa: E402
 
 from bench import procs  # noqa: E402
+from sandlot.runtime.oci.zygote import WAITER_PATH  # noqa: E402
 
 HZ = os.sysconf("SC_CLK_TCK")
 
@@ -65,7 +66,7 @@ def _container_inits_ms() -> float:
     pids = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if cmd[:1] == ["/run/sandlot/init"]:
+        if cmd[:1] == [WAITER_PATH]:
             pids.append(proc.pid)
     return sum(procs.cpu_seconds(pids).values()) * 1e3
 
