@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 from code_interpreter.models.code import SupportedLanguage
@@ -59,6 +61,36 @@ async def test_interrupt_stops_busy_loop_and_context_survives(codes):
     assert ex.error is not None and ex.error.name == "KeyboardInterrupt"
     assert ex.complete is not None  # the kernel went idle: complete follows, as the reference
     after = await codes.run("y * 6", context=ctx)
+    assert after.error is None and after.result[0].text == "42"
+    await codes.delete_context(ctx.id)
+
+
+async def test_an_interrupt_before_the_kernel_takes_up_the_run_is_not_lost(codes):
+    """ipykernel ignores SIGINT between requests: an interrupt that reaches a kernel too slow
+    to have read the run yet (here: stopped) is sent once the kernel has taken the run up."""
+    ctx = await codes.create_context(SupportedLanguage.PYTHON)
+    ex = await codes.run("import os; os.getpid()", context=ctx)
+    kernel = int(ex.result[0].text)
+    started = asyncio.Event()
+    ids: list[str] = []
+
+    async def on_init(init):
+        ids.append(init.id)
+        started.set()
+
+    os.kill(kernel, signal.SIGSTOP)
+    try:
+        run = asyncio.create_task(codes.run(
+            "while True: pass", context=ctx, handlers=ExecutionHandlers(on_init=on_init)))
+        await asyncio.wait_for(started.wait(), 30)
+        await codes.interrupt(ids[0])  # answered at once, the kernel still stopped
+        await asyncio.sleep(0.3)
+    finally:
+        os.kill(kernel, signal.SIGCONT)
+    ex = await asyncio.wait_for(run, 10)
+    assert ex.error is not None and ex.error.name == "KeyboardInterrupt"
+    assert ex.complete is not None
+    after = await codes.run("6 * 7", context=ctx)
     assert after.error is None and after.result[0].text == "42"
     await codes.delete_context(ctx.id)
 

@@ -23,6 +23,13 @@ log = logging.getLogger(__name__)
 
 # How long to wait for an iopub message before checking that the kernel still lives.
 _POLL = 0.5
+# An interrupt asked for before the kernel has taken up the run goes out once it has (see
+# ``interrupt``): on ``execute_input``, or this long after ``busy`` for a kernel that does not
+# echo its input. Not shorter: ipykernel reports busy before it handles the request, and a
+# signal that lands between the two ends the run without its KeyboardInterrupt error.
+_BUSY_WITHOUT_INPUT = 1.0
+# And this long after it, for the kernel to be in the cell's code rather than its own.
+_INTO_THE_CELL = 0.05
 # The client's channels: requests (shell) only; iopub is read by ``SocketListener`` on a
 # socket of its own (see kernels/listener.py). No heartbeat: its
 # channel is a thread per kernel pinging every second (a third of execd's samples in a code
@@ -52,6 +59,11 @@ class JupyterKernel:
         self._iopub: SocketListener | None = None
         self._shell: zmq.Socket[bytes] | None = None  # a plain shadow of the client's shell
         self._exit: asyncio.Future[int] | None = None
+        # The run in flight: whether the kernel has taken it up, and an interrupt waiting
+        # for that moment.
+        self._run_begun = True
+        self._interrupt_waiting = False
+        self._signals: set[asyncio.Task[None]] = set()
 
     @property
     def manager(self) -> AsyncKernelManager:
@@ -119,11 +131,23 @@ class JupyterKernel:
         kc, iopub = self._kc, self._iopub
         assert iopub is not None
         msg_id = kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._run_begun, self._interrupt_waiting = False, False
+
+        def begin_unless_over() -> None:
+            if not done.done():
+                self._begin()
 
         def handle(msg: dict[str, Any]) -> bool:
             if msg.get("parent_header", {}).get("msg_id") != msg_id or done.done():
                 return False
+            if not self._run_begun:
+                kind = msg["msg_type"]
+                if kind == "execute_input":
+                    self._begin()
+                elif kind == "status" and msg["content"].get("execution_state") == "busy":
+                    loop.call_later(_BUSY_WITHOUT_INPUT, begin_unless_over)
             try:
                 if not self._emit(msg, emit):
                     return False
@@ -146,6 +170,7 @@ class JupyterKernel:
             self._drop_replies()
         finally:
             iopub.listen(None)
+            self._run_begun, self._interrupt_waiting = True, False
 
     @staticmethod
     def _emit(msg: dict[str, Any], emit: Emit) -> bool:
@@ -182,7 +207,36 @@ class JupyterKernel:
                 self._shell.recv_multipart(zmq.NOBLOCK)
 
     async def interrupt(self) -> None:
+        """Interrupt the run; one the kernel has not yet taken up is interrupted once it has.
+
+        A Jupyter interrupt is SIGINT, and ipykernel ignores SIGINT between requests (its
+        handler is installed only while one is handled): sent before a slow or loaded kernel
+        reads the run's request, it is lost and the cell runs on. The caller does not wait
+        for that moment; a run stopped on a timeout is killed if it never comes."""
+        if not self._run_begun:
+            self._interrupt_waiting = True
+            return
         await self._km.interrupt_kernel()
+
+    def _begin(self) -> None:
+        """The kernel has taken up the run: send the interrupt that waited for it."""
+        if self._run_begun:
+            return
+        self._run_begun = True
+        if self._interrupt_waiting:
+            self._interrupt_waiting = False
+            task = asyncio.get_running_loop().create_task(self._send_interrupt())
+            self._signals.add(task)
+            task.add_done_callback(self._signal_sent)
+
+    async def _send_interrupt(self) -> None:
+        await asyncio.sleep(_INTO_THE_CELL)
+        await self._km.interrupt_kernel()
+
+    def _signal_sent(self, task: asyncio.Task[None]) -> None:
+        self._signals.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("interrupting the %s kernel failed: %s", self.language, task.exception())
 
     async def shutdown(self) -> None:
         self._stop_client()
