@@ -6,17 +6,25 @@ appear under ``shutil.rmtree``, which then failed with ``FileNotFoundError``. Th
 first renamed out of the way (one atomic step: whatever still works on the old path from then
 on finds nothing), then removed with vanished entries ignored. A second delete finds nothing
 to do. A crash in between leaves a ``.trash-*`` entry that ``sweep_trash`` removes later.
+
+A delete need not wait for the removal itself (``BackgroundRemovals``): once renamed, the
+tree is no longer the sandbox's, and its removal (7 ms p50 of a ~40 ms delete on the 2-core
+VM, up to 75 ms with a written-to upper layer) runs in a worker while the answer goes out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import logging
 import os
 import secrets
 import shutil
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 TRASH_PREFIX = ".trash-"
 PASSES = 10
@@ -54,11 +62,24 @@ def _unlink(path: Path) -> None:
 
 def remove_tree(path: Path) -> None:
     """Remove ``path`` and everything below it; idempotent (a missing path is fine)."""
+    trash = set_aside(path)
+    if trash is not None:
+        _remove(trash)
+
+
+def set_aside(path: Path) -> Path | None:
+    """Rename ``path`` to a trash entry beside it (None when it is missing): the path is
+    free at once, and ``remove_trash`` (or ``sweep_trash`` after a crash) removes the rest."""
     trash = path.with_name(f"{TRASH_PREFIX}{path.name}-{secrets.token_hex(4)}")
     try:
         os.rename(path, trash)
     except FileNotFoundError:
-        return
+        return None
+    return trash
+
+
+def remove_trash(trash: Path) -> None:
+    """Remove a tree ``set_aside`` renamed."""
     _remove(trash)
 
 
@@ -72,3 +93,28 @@ def sweep_trash(parent: Path) -> None:
 
 def is_trash(name: str) -> bool:
     return name.startswith(TRASH_PREFIX)
+
+
+class BackgroundRemovals:
+    """Trees ``set_aside`` by deletes, removed in workers off the deletes' path; ``wait``
+    before the runtime closes. A failed removal is logged and its trash left for the next
+    start's ``sweep_trash``."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def remove(self, trash: Path) -> None:
+        task = asyncio.create_task(asyncio.to_thread(remove_trash, trash),
+                                   name=f"sandlot-remove-{trash.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning("removing a deleted sandbox's directory failed (the next start "
+                        "removes it): %s", exc)
+
+    async def wait(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -249,6 +249,7 @@ class OciRuntime(Runtime):
                                   parallel=self._refills_at_once())
         self._made_warm: set[str] = set()  # warm containers this instance started
         self.leftovers = leftovers.BackgroundSweep()  # a crashed server's warm containers
+        self._removals = removal.BackgroundRemovals()  # deleted sandboxes' directories
         self.snapshots = SnapshotLayers(data_dir / "snapshots")
         # Warm containers of the snapshots sandboxes are created from (snapshot_pools.py).
         self.snapshot_pools = SnapshotPools(snapshot_pool_size, snapshot_pools_max,
@@ -647,7 +648,9 @@ class OciRuntime(Runtime):
         left = await asyncio.to_thread(mounts.mounts_under, p.root)
         if left:  # never rmtree through a mount (a volume's or the host's files)
             raise RuntimeFailure(f"sandbox {sandbox_id}: still mounted: {', '.join(left)}")
-        await asyncio.to_thread(removal.remove_tree, p.root)
+        trash = await asyncio.to_thread(removal.set_aside, p.root)
+        if trash is not None:
+            self._removals.remove(trash)
         self.ranges.release(sandbox_id)
 
     # -- named pools --------------------------------------------------------------------
@@ -898,6 +901,7 @@ class OciRuntime(Runtime):
     async def close(self) -> None:
         """Stop refilling and delete the unclaimed warm containers (a start re-creates them)."""
         await self.drain_pool()
+        await self._removals.wait()
         if self.zygote is not None:
             await self.zygote.close()
         self._connector.close()
