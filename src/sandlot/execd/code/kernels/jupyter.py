@@ -170,6 +170,7 @@ class JupyterKernel:
             self._drop_replies()
         finally:
             iopub.listen(None)
+            done.cancel()  # over however it ended: a busy timer left must not touch the next run
             self._run_begun, self._interrupt_waiting = True, False
 
     @staticmethod
