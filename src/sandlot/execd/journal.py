@@ -273,6 +273,11 @@ class OutputLog:
     def size(self) -> int:
         return self._file.size
 
+    @property
+    def floor(self) -> int:
+        """The first offset still stored (older output was dropped past the cap)."""
+        return self._file.floor
+
     def seal(self) -> None:
         """The execution ended: free the write descriptor (reads reopen the file)."""
         self._file.close()

@@ -28,10 +28,18 @@ class Settings:
     # How long a finished execution's events/logs stay readable (resume, /logs).
     retention_seconds: float = 900.0
     max_retained: int = 2000
-    # Each journal of an execution (events; raw output) keeps at most about this much on
-    # disk; past it the oldest part is dropped (segments.py): a command printing without
-    # end does not fill the sandbox's disk through execd.
+    # Each journal of a background command (events; raw output) keeps at most about this
+    # much on disk; past it the oldest part is dropped (segments.py): a command printing
+    # without end does not fill the sandbox's disk through execd. ``/logs`` is how a
+    # background command's output is read, so it gets the larger window.
     max_journal_bytes: int = 64 << 20
+    # The same for a foreground command or session run, whose output its stream delivers:
+    # its journals are a resume window and a second copy for ``/logs``. Their size is what
+    # a long stream holds in the page cache (and in the sandbox's memory) per execution for
+    # ``retention_seconds``, and what it fills with pages never used before: at 64 MiB
+    # each, a 128 MiB stream's execd spent 6.5 ms of CPU per MiB against 2.8 at 16 MiB
+    # (docs/benchmarks.md, 2026-12-04).
+    max_foreground_journal_bytes: int = 16 << 20
     # After the main process exits, how long to wait for pipes still held open by
     # its daemonised descendants before ending the stream.
     drain_after_exit: float = 0.2
