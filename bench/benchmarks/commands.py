@@ -27,13 +27,22 @@ KEYS = ("commands.true_rtt", "commands.first_byte", "commands.stream", "commands
 STREAM_BUDGET = 60.0  # seconds; a stream cut by it still yields bytes received / time
 
 
+# How each event that carries text (init, stdout) ends on the wire: its JSON's last field is
+# the text, and every quote and newline inside a text is escaped, so this is found nowhere
+# else. Counted instead of the bare blank line (``\n\n``, which ``count`` finds with a
+# ``memchr`` from every line's newline): 0.65 against 1.0 ms of the reader's CPU per MiB of
+# wire data, CPU the reader would otherwise take from the two cores it shares with execd
+# and the command (docs/benchmarks.md, 2026-12-04).
+TEXT_EVENT_END = b'"}\n\n'
+
+
 def _read_stream(address: str, headers: dict[str, str], body: bytes) -> tuple[float, int, bytes]:
-    """(seconds, ``\\n\\n`` count, last bytes) of one ``POST /command`` over a plain socket,
-    read 64 KiB at a time until the server closes, as the baselines read their pipe. No
-    HTTP client: httpx's chunked-body parse costs ~3-4 ms of CPU per MiB, as much as the
-    whole server side, so it measured the reader (docs/benchmarks.md). Events never split
-    across HTTP chunks (execd writes whole events), so each event's blank line is one
-    ``\\n\\n``; a byte carried over catches one split between two reads."""
+    """(seconds, text events (init and output), last bytes) of one ``POST /command`` over a
+    plain socket, read 64 KiB at a time until the server closes, as the baselines read their
+    pipe. No HTTP client: httpx's chunked-body parse costs ~3-4 ms of CPU per MiB, as much
+    as the whole server side, so it measured the reader (docs/benchmarks.md). Events never
+    split across HTTP chunks (execd writes whole events), so each ends in one
+    ``TEXT_EVENT_END``; the last bytes of the previous read catch one split between reads."""
     host, _, port = address.rpartition(":")
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     request = (f"POST /command HTTP/1.1\r\nHost: {address}\r\n{head}"
@@ -41,19 +50,21 @@ def _read_stream(address: str, headers: dict[str, str], body: bytes) -> tuple[fl
                "Connection: close\r\n\r\n").encode() + body
     buf = bytearray(1 << 16)
     view = memoryview(buf)
-    blank_lines = 0
-    carry = b""
+    overlap = len(TEXT_EVENT_END) - 1
+    events = 0
+    carry = b""  # the previous read's last bytes: an event end split between two reads
     tail = b""
     with socket.create_connection((host.strip("[]"), int(port)), timeout=STREAM_BUDGET) as sock:
         t0 = time.perf_counter()
         sock.sendall(request)
         while n := sock.recv_into(buf):
-            blank_lines += (carry + view[:2].tobytes()).count(b"\n\n") if carry else 0
-            blank_lines += buf.count(b"\n\n", 0, n)
-            carry = b"\n" if buf[n - 1] == 10 and (n < 2 or buf[n - 2] != 10) else b""
+            if carry:  # only an end that starts in ``carry`` and finishes in this read
+                events += (carry + view[:min(n, overlap)].tobytes()).count(TEXT_EVENT_END)
+            events += buf.count(TEXT_EVENT_END, 0, n)
+            carry = (carry + view[max(0, n - overlap):n].tobytes())[-overlap:]
             tail = (tail + view[max(0, n - 256):n].tobytes())[-256:]
         elapsed = time.perf_counter() - t0
-    return elapsed, blank_lines, tail
+    return elapsed, events, tail
 
 
 async def stream_raw(sandbox: Any, size: int) -> tuple[float, int]:
@@ -65,11 +76,11 @@ async def stream_raw(sandbox: Any, size: int) -> tuple[float, int]:
     endpoint = await sandbox.get_endpoint(EXECD_PORT)
     body = json.dumps({"command": host.stream_command(size),
                        "timeout": int(STREAM_BUDGET * 1000)}).encode()
-    elapsed, blank_lines, tail = await asyncio.to_thread(
+    elapsed, text_events, tail = await asyncio.to_thread(
         _read_stream, endpoint.endpoint, dict(endpoint.headers or {}), body)
     if b'"execution_complete"' not in tail or not tail.endswith(b"0\r\n\r\n"):
         raise RuntimeError(f"raw stream did not end with execution_complete: {tail[-120:]!r}")
-    return elapsed, blank_lines - 2  # init and execution_complete are not output
+    return elapsed, text_events - 1  # the init event is not output
 
 
 async def run(env: BenchEnv) -> list[Row]:
