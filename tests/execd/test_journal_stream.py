@@ -1,6 +1,7 @@
 """The events journal's stream path: it stores the reference's framing, a caught-up follower
 gets an append's bytes without a read-back, resume skips the blank line after an event, and
-dropped segments' files are reused for new ones without their old bytes showing."""
+dropped segments' files are reused for new ones without their old bytes showing, and a small
+journal stays in memory until it grows."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 from pathlib import Path
 
 from sandlot.execd import sse
+from sandlot.execd.execution import Execution
 from sandlot.execd.journal import EventJournal
 from sandlot.execd.segments import SegmentedFile
 
@@ -98,3 +100,56 @@ def test_a_journal_over_an_old_file_holds_only_its_own_bytes(tmp_path: Path) -> 
     g.append(b"abc")
     g.close()
     assert spare.read_bytes() == b"abc"
+
+
+def test_small_data_stays_in_memory_and_moves_to_a_file_when_it_grows(tmp_path: Path) -> None:
+    named: list[str] = []
+
+    def name() -> str:
+        named.append(str(tmp_path / f"f{len(named)}"))
+        return named[-1]
+
+    f = SegmentedFile(name, 100, in_memory_up_to=50)
+    reader = f.reader()
+    f.append(b"a" * 20, b"b" * 20)
+    assert os.listdir(tmp_path) == [] and named == []  # no file, not even a name
+    assert reader.pread(100, 0) == b"a" * 20 + b"b" * 20 and reader.pread(5, 40) == b""
+    f.append(b"c" * 20)  # past the memory limit: all of it goes to one file
+    assert named == [str(tmp_path / "f0")]
+    assert (tmp_path / "f0").read_bytes() == b"a" * 20 + b"b" * 20 + b"c" * 20
+    assert reader.pread(100, 30) == b"b" * 10 + b"c" * 20  # the same reader
+    for i in range(5):  # rotation works as without the memory start
+        f.append(bytes([100 + i]) * 60)
+    assert f.floor > 0 and len(os.listdir(tmp_path)) == 2
+    f.remove()
+    reader.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_closed_small_file_is_still_read_and_removing_it_leaves_nothing(tmp_path: Path) -> None:
+    f = SegmentedFile(lambda: str(tmp_path / "never"), 1000, in_memory_up_to=4096)
+    f.append(b"hello\n")
+    f.close()
+    assert not f.writable
+    with f.reader() as reader:
+        assert reader.pread(100, 0) == b"hello\n"
+    f.remove()
+    assert os.listdir(tmp_path) == []
+
+
+async def test_a_quiet_command_creates_no_journal_file(tmp_path: Path) -> None:
+    ex = Execution("quiet", "echo", str(tmp_path), background=False)
+    ex.feed("stdout", b"one line\n")
+    ex.finish(0)
+    assert os.listdir(tmp_path) == []
+    frames = b"".join([c async for c in ex.journal.follow(0)])
+    assert b'"text":"one line"' in frames and b"execution_complete" in frames
+    start, end, _ = ex.log.read_from_line(0, finished=True)
+    assert b"".join([c async for c in ex.log.iter_range(start, end)]) == b"one line\n"
+    loud = Execution("loud", "yes", str(tmp_path), background=False)
+    loud.feed("stdout", b"y\n" * 10_000)
+    loud.finish(0)
+    assert sorted(os.listdir(tmp_path)) == ["loud.events", "loud.log"]
+    loud.discard()
+    ex.discard()
+    assert os.listdir(tmp_path) == []

@@ -15,6 +15,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,6 +23,12 @@ from sandlot.execd import sse
 from sandlot.execd.journal import DEFAULT_MAX_BYTES, EventJournal, OutputLog
 from sandlot.execd.lines import LineFramer
 from sandlot.execd.sparefiles import SpareFiles
+
+# An execution's journals stay in memory while each holds at most this much: a command that
+# prints a few lines creates no file (segments.py says why that matters). At most
+# ``max_retained`` finished executions are kept, so this bounds what they hold in memory
+# (2000 x 2 x 4 KiB = 16 MiB at the defaults, for 15 minutes after a burst of commands).
+IN_MEMORY_BYTES = 4096
 
 
 def describe_status(status: int) -> tuple[int, str]:
@@ -61,13 +68,17 @@ class Execution:
         self.error: str | None = None
         self.timed_out = False
         self.pid: int | None = None
-        if files is not None:  # files made ahead (see sparefiles)
-            journal_path, log_path = files.take(), files.take()
-        else:
-            journal_path = os.path.join(state_dir, f"{exec_id}.events")
-            log_path = os.path.join(state_dir, f"{exec_id}.log")
-        self.journal = EventJournal(journal_path, max_journal_bytes)
-        self.log = OutputLog(log_path, max_journal_bytes)
+        # Files are named only when the output outgrows memory (segments.py): then from
+        # the files made ahead (sparefiles.py) if there are any.
+        journal_path: Callable[[], str] = (
+            files.take if files is not None
+            else lambda: os.path.join(state_dir, f"{exec_id}.events"))
+        log_path: Callable[[], str] = (
+            files.take if files is not None
+            else lambda: os.path.join(state_dir, f"{exec_id}.log"))
+        self.journal = EventJournal(journal_path, max_journal_bytes,
+                                    in_memory_up_to=IN_MEMORY_BYTES)
+        self.log = OutputLog(log_path, max_journal_bytes, in_memory_up_to=IN_MEMORY_BYTES)
         self._framers = {
             "stdout": LineFramer(session=session_lines),
             "stderr": LineFramer(session=session_lines),

@@ -69,9 +69,12 @@ def _time_out(fut: asyncio.Future[bool]) -> None:
 class EventJournal:
     """Append-only file of one-line JSON events; readers follow it until it is closed."""
 
-    def __init__(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self.path = path
-        self._file = SegmentedFile(path, max_bytes // 2)
+    def __init__(
+        self, path: str | Callable[[], str], max_bytes: int = DEFAULT_MAX_BYTES, *,
+        in_memory_up_to: int = 0,
+    ) -> None:
+        """``path`` and ``in_memory_up_to``: see ``SegmentedFile``."""
+        self._file = SegmentedFile(path, max_bytes // 2, in_memory_up_to=in_memory_up_to)
         self.closed = False
         self.discarded = False
         self._signal = _Signal()
@@ -259,9 +262,12 @@ class OutputLog:
     absolute, and a cursor below the oldest kept line reads from the oldest kept byte.
     """
 
-    def __init__(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self.path = path
-        self._file = SegmentedFile(path, max_bytes // 2)
+    def __init__(
+        self, path: str | Callable[[], str], max_bytes: int = DEFAULT_MAX_BYTES, *,
+        in_memory_up_to: int = 0,
+    ) -> None:
+        """``path`` and ``in_memory_up_to``: see ``SegmentedFile``."""
+        self._file = SegmentedFile(path, max_bytes // 2, in_memory_up_to=in_memory_up_to)
         self.lines = 0  # complete lines so far
         # Sparse index: line numbers (ascending, >= INDEX_EVERY apart) and their byte offsets.
         self._index_lines: list[int] = [0]

@@ -21,17 +21,25 @@ per MiB), and a long stream writes every byte twice (its output log and its even
 Readers never see the old contents: every read starts at or above ``floor``, checked in the
 same event-loop step as the read, and a reader whose descriptor was the recycled file's
 reopens it by its new path (its base offset changed).
+
+With ``in_memory_up_to``, the data stays in memory until it outgrows that many bytes, and
+only then goes to a file, whose path is asked for at that moment: most commands print a
+few lines, and creating (then, on expiry, deleting) two files per command cost ext4 0.4 to
+over 1 ms each (its inode allocator steps over every recently deleted inode, of which a
+host that creates and removes sandboxes has many): profiled, a third of execd's CPU for a
+``true`` (docs/benchmarks.md, 2026-12-04).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 
 KEEP = 2
 
 
-def _write_all(fd: int, data: bytes, offset: int) -> None:
+def _write_all(fd: int, data: bytes | bytearray, offset: int) -> None:
     """``pwrite`` all of ``data`` at ``offset`` (a short write is possible on a full disk)."""
     view = memoryview(data)
     written = 0
@@ -62,17 +70,43 @@ def _open_empty(path: str) -> int:
 
 
 class SegmentedFile:
-    def __init__(self, path: str, segment_bytes: int) -> None:
-        self.path = path
+    def __init__(
+        self, path: str | Callable[[], str], segment_bytes: int, *, in_memory_up_to: int = 0
+    ) -> None:
+        """``path``: the first segment's file, or what names it when it is needed (with
+        ``in_memory_up_to``, only once the data outgrows memory)."""
+        self._name_source = path if callable(path) else (lambda: path)
+        self.path = ""  # the first segment's file; "" while the data is in memory
         self.segment_bytes = max(1, segment_bytes)
         self.size = 0
-        # (logical offset of its first byte, path), oldest first.
-        self.segments: list[tuple[int, str]] = [(0, path)]
-        self._fd = _open_empty(path)
+        self._fd = -1
+        self._closed = False
         self._count = 1
         # Whether the segment being written is a recycled file, whose old bytes past ours
         # close() cuts off; a fresh one needs no truncate (see _open_empty for why not).
         self._recycled = False
+        # The data while it is small (at most ``_memory_limit`` bytes, one segment's worth).
+        self.memory: bytearray | None = None
+        self._memory_limit = min(in_memory_up_to, self.segment_bytes)
+        # (logical offset of its first byte, path), oldest first.
+        self.segments: list[tuple[int, str]] = [(0, "")]
+        if self._memory_limit > 0:
+            self.memory = bytearray()
+        else:
+            self._open_first()
+
+    def _open_first(self) -> None:
+        path = self._name_source()
+        self._fd = _open_empty(path)
+        self.path = path
+        self.segments = [(0, path)]
+
+    def _spill(self) -> None:
+        """Move the data from memory to the first segment's file."""
+        data, self.memory = self.memory, None
+        self._open_first()
+        if data:
+            _write_all(self._fd, data, 0)
 
     @property
     def floor(self) -> int:
@@ -81,12 +115,21 @@ class SegmentedFile:
 
     @property
     def writable(self) -> bool:
-        return self._fd >= 0
+        return not self._closed
 
     def append(self, *parts: bytes) -> int:
         """Write ``parts`` as one unit; returns the logical offset of its first byte."""
-        if self._fd < 0:
+        if self._closed:
             raise RuntimeError("journal closed")
+        if self.memory is not None:
+            total = sum(len(p) for p in parts)
+            if self.size + total <= self._memory_limit:
+                offset = self.size
+                for part in parts:
+                    self.memory += part
+                self.size += total
+                return offset
+            self._spill()
         base = self.segments[-1][0]
         if self.size - base >= self.segment_bytes:
             self._rotate()
@@ -124,6 +167,7 @@ class SegmentedFile:
     def close(self) -> None:
         """No more appends: free the write descriptor (reads open segments themselves). A
         recycled segment's old contents past the data are cut off."""
+        self._closed = True
         if self._fd >= 0:
             if self._recycled:
                 with contextlib.suppress(OSError):
@@ -133,9 +177,11 @@ class SegmentedFile:
 
     def remove(self) -> None:
         self.close()
+        self.memory = None
         for _, path in self.segments:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+            if path:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
     def reader(self) -> SegmentReader:
         return SegmentReader(self)
@@ -152,6 +198,9 @@ class SegmentReader:
     def pread(self, n: int, pos: int) -> bytes:
         """Up to ``n`` bytes at logical ``pos`` (>= ``floor``), never across a segment end;
         b"" at the end of the data."""
+        memory = self._file.memory
+        if memory is not None:  # all of it, from offset 0
+            return bytes(memory[pos:pos + n]) if pos < self._file.size else b""
         segments = self._file.segments  # at most KEEP: scanning them is cheap
         if pos < segments[0][0]:
             raise ValueError(f"offset {pos} was dropped (floor {segments[0][0]})")

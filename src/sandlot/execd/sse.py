@@ -297,7 +297,10 @@ class _SelfEndingStream(StreamingResponse):
                     return
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             if self.after is not None:
-                self.after()
+                # Next in the loop, not now: the stream's end is still held by the
+                # connection's cork until a callback already queued sends it, and the
+                # deferred work (creating files, ~1-2 ms) must not hold the end back.
+                asyncio.get_running_loop().call_soon(self.after)
         finally:
             gone.cancel()
             aclose = getattr(iterator, "aclose", None)
@@ -315,7 +318,7 @@ def self_ending_sse_response(
 ) -> StreamingResponse:
     """A ``text/event-stream`` response for a source that needs no keep-alive wrapper and ends
     by itself (see ``_SelfEndingStream``); ``sse_response`` for any other source. ``after``
-    runs once the whole stream has been handed to the connection (deferred work)."""
+    runs once the whole stream has been handed to the connection and sent (deferred work)."""
     response = _SelfEndingStream(source, media_type=MEDIA_TYPE, headers=dict(_HEADERS))
     response.after = after
     return response
