@@ -1,12 +1,13 @@
 """Empty files made ahead of need for the journals of commands.
 
-Every command keeps two files (its event journal and its output log) so that a dropped
-stream can be resumed and logs read from a cursor. Creating a file is a metadata operation of
-the filesystem under the sandbox's /tmp: ~0.4 ms each on the ext4 of the dev VM, i.e. a good
-part of execd's own share of a ``true`` round trip, while opening an existing empty file
-costs ~0.01 ms. So the files of the next commands are made after a command's stream has been
-sent (``top_up``), while the client reads the result, instead of on the request path.
-(A thread doing it instead ping-pongs the GIL with the event loop: measured slower.)
+A command whose output outgrows memory (execution.py ``IN_MEMORY_BYTES``) keeps two files
+(its event journal and its output log) so that a dropped stream can be resumed and logs
+read from a cursor; they are taken from here when its journals move to disk. Creating a
+file is a metadata operation of the filesystem under the sandbox's /tmp: 0.4 to over 1 ms
+each on the ext4 of the dev VM, while opening an existing empty file costs ~0.01 ms. So the
+files are made after a command's stream has been sent (``top_up``), while the client reads
+the result, instead of on the request path. (A thread doing it instead ping-pongs the GIL
+with the event loop: measured slower.)
 """
 
 from __future__ import annotations
