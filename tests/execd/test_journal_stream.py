@@ -10,6 +10,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from sandlot.execd import sse
 from sandlot.execd.execution import Execution
 from sandlot.execd.journal import EventJournal
@@ -153,3 +155,18 @@ async def test_a_quiet_command_creates_no_journal_file(tmp_path: Path) -> None:
     loud.discard()
     ex.discard()
     assert os.listdir(tmp_path) == []
+
+
+def test_a_file_that_cannot_be_made_keeps_the_data_in_memory(tmp_path: Path) -> None:
+    target = tmp_path / "missing" / "f"  # its directory does not exist
+    f = SegmentedFile(lambda: str(target), 1000, in_memory_up_to=10)
+    f.append(b"12345")
+    with pytest.raises(OSError):
+        f.append(b"678901")
+    assert f.size == 5
+    with f.reader() as reader:
+        assert reader.pread(100, 0) == b"12345"
+    (tmp_path / "missing").mkdir()
+    f.append(b"678901")  # the next append makes it
+    f.close()
+    assert target.read_bytes() == b"12345678901"

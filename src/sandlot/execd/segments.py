@@ -102,9 +102,10 @@ class SegmentedFile:
         self.segments = [(0, path)]
 
     def _spill(self) -> None:
-        """Move the data from memory to the first segment's file."""
-        data, self.memory = self.memory, None
+        """Move the data from memory to the first segment's file (if the file cannot be
+        made, the error is the append's and the data stays in memory)."""
         self._open_first()
+        data, self.memory = self.memory, None
         if data:
             _write_all(self._fd, data, 0)
 
