@@ -37,7 +37,7 @@ def parse(argv: list[str]) -> Options:
     p.add_argument("--profiler", choices=KINDS, default="py-spy",
                    help="py-spy: the server (and execd) processes; pyinstrument: the client")
     p.add_argument("--budget", type=float, metavar="SECONDS",
-                   help="time for all benchmarks together (default 780, 300 with --quick); "
+                   help="time for all benchmarks together (default 2700, 300 with --quick); "
                         "a benchmark is cut at what is left, later ones are not run")
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     a = p.parse_args(argv)

@@ -1,14 +1,15 @@
-"""What networking adds to a warm-pool create, measured at the runtime (no HTTP, no SDK).
+"""What networking adds to a create, measured at the runtime (no HTTP, no SDK).
 
 Two ``OciRuntime``s in one process, each with a warm pool of the base image: one with
 ``[network] mode = "isolated"``, one with ``"none"``. Before every measured create both
 pools are full again (no refill overlaps it); the creates of a round (off, on, on with a
 deny+allow policy) rotate their order per round, so each kind takes each position equally
-often. Printed: p50/p90 of each, and of the
-pairwise differences. Runs inside the test namespaces of ``tests/net`` (a process started in
-the server's namespace): nothing touches the machine's own. As root:
+often. Printed: p50/p90 of each, and of the pairwise differences. ``--cold``: both runtimes
+without a warm pool, so every create sets its network up (namespace, veth, nft chain, DNS
+filter) inside the measured time. Runs inside the test namespaces of ``tests/net`` (a
+process started in the server's namespace): nothing touches the machine's own. As root:
 
-    PYTHONPATH=. .venv/bin/python tools/measure_claim_network.py --n 30
+    PYTHONPATH=. .venv/bin/python tools/measure_claim_network.py --n 30 [--cold]
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _row(label: str, values: list[float]) -> str:
             f"p90 {_p90(values):7.2f} ms")
 
 
-async def _measure(n: int, images: str) -> None:
+async def _measure(n: int, images: str, cold: bool) -> None:
     # Imported here, inside the server's namespace (libnftables binds its socket to the
     # namespace it is made in).
     from sandlot.config import Config
@@ -57,15 +58,17 @@ async def _measure(n: int, images: str) -> None:
             cfg = Config.model_validate({
                 "data_dir": str(data),
                 "network": {"mode": mode, "dns_servers": [HOST]},
-                "runtime": {"warm_pool_size": 2, "warm_pool_images": [image.name]}})
+                "runtime": {"warm_pool_size": 0 if cold else 2,
+                            "warm_pool_images": [image.name]}})
             rt = await OciRuntime.open(cfg, images=store)
             runtimes.append(rt)
             await rt.prewarm(ImageRef(image.name))
         on_rt, off_rt = runtimes
 
         async def one(rt: OciRuntime, policy: object) -> float:
-            await on_rt.pool.wait_full(image.name)
-            await off_rt.pool.wait_full(image.name)
+            if not cold:
+                await on_rt.pool.wait_full(image.name)
+                await off_rt.pool.wait_full(image.name)
             sid = f"m-{uuid.uuid4().hex[:12]}"
             t0 = time.perf_counter()
             await rt.create(SandboxSpec(sandbox_id=sid, image=ImageRef(image.name),
@@ -87,9 +90,10 @@ async def _measure(n: int, images: str) -> None:
             turn = i % 3  # each kind takes each position equally often
             for samples, rt, pol in order[turn:] + order[:turn]:
                 samples.append(await one(rt, pol))
-        print(_row("warm create, networking off", off))
-        print(_row("warm create, networking on", on))
-        print(_row("warm create, on + deny policy", with_policy))
+        kind = "cold" if cold else "warm"
+        print(_row(f"{kind} create, networking off", off))
+        print(_row(f"{kind} create, networking on", on))
+        print(_row(f"{kind} create, on + deny policy", with_policy))
         print(_row("on - off (pairwise)", [a - b for a, b in zip(on, off, strict=True)]))
         print(_row("policy - off (pairwise)",
                    [a - b for a, b in zip(with_policy, off, strict=True)]))
@@ -105,10 +109,12 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--images", default=os.environ.get("SANDLOT_TEST_IMAGES",
                                                        "/var/tmp/sandlot-test/images"))
+    ap.add_argument("--cold", action="store_true",
+                    help="no warm pools: each create sets its network up")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.inner:
-        asyncio.run(_measure(a.n, a.images))
+        asyncio.run(_measure(a.n, a.images, a.cold))
         return 0
     work = Path(tempfile.mkdtemp(prefix="slcn-"))
     try:

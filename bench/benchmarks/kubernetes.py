@@ -2,16 +2,17 @@
 ``sandlot serve`` with ``[runtime] type = "kubernetes"``, beside raw ``kubectl run`` (until
 Ready) + ``kubectl exec true`` and ``kubectl exec true`` on the same cluster and image.
 
-The cluster is a running kit cluster (``shared/k8s/up.sh DIR``) named by
-``SANDLOT_BENCH_K8S_DIR``; the bench loads the ``base`` image (as ``base:latest``) and the
-execd bundle image into its node with the kit's ``ctr``, and works in a namespace of its own,
-deleted afterwards. Without that variable both rows are reported as skipped.
+The cluster is a kit cluster (``bench/k8s_kit.py``): the one ``SANDLOT_BENCH_K8S_DIR`` names,
+or, in a full run as root, one started from the kit beside the checkout and removed after.
+The bench loads the ``base`` image (as ``base:latest``) and the execd bundle image into its
+node with the kit's ``ctr``, and works in a namespace of its own, deleted afterwards. With
+no cluster (``--quick`` without that variable, no kit) the rows are reported as skipped,
+with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 from bench.env import BenchEnv
+from bench.k8s_kit import KitCluster, NoCluster
 from bench.results import Measured, Row, ms, skipped
 from bench.sdk import Sandboxes
 from bench.server import SandlotServer
@@ -175,10 +177,18 @@ def _server(env: BenchEnv, kubectl: Kubectl, warm: int,
 
 
 async def run(env: BenchEnv) -> list[Row]:
-    kit_dir = os.environ.get("SANDLOT_BENCH_K8S_DIR")
-    if not kit_dir or not (Path(kit_dir) / "kubeconfig").exists():
-        return _skipped("no cluster: start one with shared/k8s/up.sh DIR and set "
-                        "SANDLOT_BENCH_K8S_DIR=DIR")
+    kit = KitCluster(start=not env.quick)
+    try:
+        kit_dir = await asyncio.to_thread(kit.open)
+    except NoCluster as exc:
+        return _skipped(str(exc))
+    try:
+        return await _run(env, kit_dir)
+    finally:
+        await asyncio.to_thread(kit.close)
+
+
+async def _run(env: BenchEnv, kit_dir: Path) -> list[Row]:
     namespace = "sandlot-bench-" + secrets.token_hex(4)
     kubectl = Kubectl(Path(kit_dir), namespace)
     subprocess.run(["kubectl", "--kubeconfig", str(kubectl.kubeconfig), "create", "namespace",

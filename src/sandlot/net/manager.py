@@ -171,14 +171,28 @@ class NetworkManager:
         assert addr is not None
         return f"nameserver {addr.gateway}\noptions ndots:0 attempts:2 timeout:2\n"
 
+    def reserve(self, cid: str) -> SandboxAddress:
+        """Lease ``cid``'s address now (``setup`` uses the same; ``teardown`` releases it),
+        so that its ``resolv_conf`` can be written before the network is set up."""
+        return self.leases.acquire(cid)
+
     async def setup(self, cid: str, ns: Path, policy: object = None) -> SandboxAddress:
-        """Give container ``cid`` (namespace ``ns``) its outbound path under ``policy``."""
+        """Give container ``cid`` (namespace ``ns``) its outbound path under ``policy``.
+
+        The veth and the nft chain are made at once (one worker thread each): the chain
+        matches the veth by name, and until both exist a sandlot veth without a chain is
+        rejected by the shared table (``firewall``), so neither order lets a packet out."""
         pol = coerce(policy)
         async with self._lock(cid):
             addr = self.leases.acquire(cid)
             try:
-                await asyncio.to_thread(links.create_veth, addr, ns)
-                await asyncio.to_thread(self._install, addr, pol)
+                made = await asyncio.gather(asyncio.to_thread(links.create_veth, addr, ns),
+                                            asyncio.to_thread(self._install, addr, pol),
+                                            return_exceptions=True)
+                # both finished (a failed one must not race the clean-up of the other)
+                for outcome in made:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
                 self._applied[cid] = pol
                 self._save_policy(cid, pol)
                 await self._start_filter(addr, pol)

@@ -490,9 +490,37 @@ class OciRuntime(Runtime):
             shutil.copyfile("/etc/resolv.conf", p.etc / "resolv.conf")
         else:
             ns = await netns.create_netns(netns_name(spec.sandbox_id))
+        # With execd forked in after runc (the zygote's plan), nothing of the sandbox runs
+        # before that launch: the network is set up meanwhile, beside the overlay mount and
+        # runc, and awaited before it. runsc reads the namespace's interfaces when it boots,
+        # and an execd runc starts itself starts the workload: both wait for it.
+        network_setup: asyncio.Task[object] | None = None
         if self.network is not None and ns is not None:
-            await self.network.setup(spec.sandbox_id, ns, None if pooled else spec.network_policy)
+            policy = None if pooled else spec.network_policy
+            self.network.reserve(spec.sandbox_id)
             (p.etc / "resolv.conf").write_text(self.network.resolv_conf(spec.sandbox_id))
+            setup = self.network.setup(spec.sandbox_id, ns, policy)
+            if self.zygote is not None and uid_base is not None and not self.gvisor:
+                network_setup = asyncio.ensure_future(setup)
+            else:
+                await setup
+        try:
+            await self._start_container(spec, image, p, ns, uid_base, execd_port, staged,
+                                        pooled, network_setup)
+        finally:
+            if network_setup is not None:
+                if not network_setup.done():
+                    # a failed start's clean-up (network teardown) must come after the set-up
+                    await asyncio.wait([network_setup])
+                if not network_setup.cancelled():
+                    network_setup.exception()  # seen: a failed start raises its own error
+
+    async def _start_container(self, spec: SandboxSpec, image: Image, p: SandboxPaths,
+                               ns: Path | None, uid_base: int | None, execd_port: int,
+                               staged: list[volumes.StagedVolume], pooled: bool,
+                               network_setup: asyncio.Task[object] | None) -> None:
+        """Mount the rootfs, write the bundle and run it; execd comes forked in once
+        ``network_setup`` (if any) is done."""
         if self.gvisor:
             await runsc.create_access(netns_name(spec.sandbox_id))
         lowers = list(image.lower_dirs)
@@ -533,6 +561,8 @@ class OciRuntime(Runtime):
         p.config_json.write_text(json.dumps(config, separators=(",", ":")))
         await self.runc.run_detached(spec.sandbox_id, p.bundle, p.container_log, p.runc_log,
                                      secret=b"" if plan else (spec.execd_token or "").encode())
+        if network_setup is not None:
+            await network_setup
         if plan is not None and self.zygote is not None:
             await self.zygote.launch(claimops.init_pid(self.runc.root, spec.sandbox_id),
                                      spec.sandbox_id, plan, spec.execd_token or "",
