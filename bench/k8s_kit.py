@@ -37,6 +37,29 @@ def find_kit() -> Path | None:
     return None
 
 
+def start_kit(kit: Path, prefix: str) -> Path:
+    """Start a cluster with ``kit``'s ``up.sh`` in a new directory under /tmp and return it;
+    on failure stop what started, remove the directory and raise ``RuntimeError`` with the
+    script's output. Blocks for the 20-40 s the start takes."""
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    proc = subprocess.run([str(kit / "up.sh"), str(work)], capture_output=True, text=True,
+                          timeout=UP_TIMEOUT, check=False)
+    if proc.returncode != 0:
+        stop_kit(kit, work)
+        raise RuntimeError(f"{kit}/up.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return work
+
+
+def stop_kit(kit: Path, work: Path) -> None:
+    """Stop the cluster ``start_kit`` started in ``work`` and remove the directory."""
+    subprocess.run([str(kit / "down.sh"), str(work)], capture_output=True, check=False,
+                   timeout=300)
+    # rm(1): far faster than shutil.rmtree on the node's unpacked images; and it stays on
+    # this file system should down.sh have left a mount behind
+    subprocess.run(["rm", "-rf", "--one-file-system", str(work)], capture_output=True,
+                   check=False, timeout=600)
+
+
 def _kit_cluster_running() -> bool:
     return Path("/sys/class/net", KIT_BRIDGE).exists()
 
@@ -66,22 +89,14 @@ class KitCluster:
         if _kit_cluster_running():
             raise NoCluster(f"a kit cluster already runs (bridge {KIT_BRIDGE}): set "
                             "SANDLOT_BENCH_K8S_DIR to its directory to measure on it")
+        try:
+            self.started = start_kit(kit, "slk8s-bench-")
+        except RuntimeError as exc:
+            raise NoCluster(str(exc)[-300:]) from exc
         self.kit = kit
-        self.started = Path(tempfile.mkdtemp(prefix="slk8s-bench-", dir="/tmp"))
-        proc = subprocess.run([str(kit / "up.sh"), str(self.started)], capture_output=True,
-                              text=True, timeout=UP_TIMEOUT, check=False)
-        if proc.returncode != 0:
-            self.close()
-            raise NoCluster(f"{kit}/up.sh failed: {(proc.stderr or proc.stdout)[-300:]}")
         return self.started
 
     def close(self) -> None:
         work, self.started = self.started, None
-        if work is None or self.kit is None:
-            return
-        subprocess.run([str(self.kit / "down.sh"), str(work)], capture_output=True,
-                       check=False, timeout=300)
-        # rm(1): far faster than shutil.rmtree on the node's unpacked images; and it stays
-        # on this file system should down.sh have left a mount behind
-        subprocess.run(["rm", "-rf", "--one-file-system", str(work)], capture_output=True,
-                       check=False, timeout=600)
+        if work is not None and self.kit is not None:
+            stop_kit(self.kit, work)

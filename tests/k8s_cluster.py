@@ -21,13 +21,12 @@ import hashlib
 import logging
 import os
 import secrets
-import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from bench.k8s_kit import find_kit, start_kit, stop_kit
 
 from sandlot.images.model import Image
 from sandlot.runtime.execd_bundle import ExecdBundle
@@ -37,17 +36,6 @@ from sandlot.runtime.kubernetes.archive import gnu_tar_layer, write_docker_archi
 log = logging.getLogger(__name__)
 ARCHIVES = Path(os.environ.get("SANDLOT_TEST_K8S_IMAGES", "/var/tmp/sandlot-test/k8s-images"))
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def find_kit() -> Path | None:
-    named = os.environ.get("SANDLOT_K8S_KIT")
-    if named:
-        return Path(named)
-    for parent in REPO_ROOT.parents:
-        candidate = parent / "shared" / "k8s"
-        if (candidate / "up.sh").exists():
-            return candidate
-    return None
 
 
 @dataclass
@@ -130,17 +118,6 @@ class Cluster:
         return left
 
 
-def _up(kit: Path) -> tuple[Path, Path]:
-    work = Path(tempfile.mkdtemp(prefix="slk8s-", dir="/tmp"))
-    proc = subprocess.run([str(kit / "up.sh"), str(work)], capture_output=True, text=True,
-                          timeout=600, check=False)
-    if proc.returncode != 0:
-        subprocess.run([str(kit / "down.sh"), str(work)], capture_output=True, check=False)
-        shutil.rmtree(work, ignore_errors=True)
-        raise RuntimeError(f"{kit}/up.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return work, work / "kubeconfig"
-
-
 @contextlib.contextmanager
 def running_cluster():  # type: ignore[no-untyped-def]
     """The session's cluster (see module docstring); skips when there is none."""
@@ -150,8 +127,8 @@ def running_cluster():  # type: ignore[no-untyped-def]
     if running:
         cluster = Cluster(Path(running) / "kubeconfig", Path(running))
     elif kit is not None and os.geteuid() == 0:
-        started, kubeconfig = _up(kit)
-        cluster = Cluster(kubeconfig, started)
+        started = start_kit(kit, "slk8s-")
+        cluster = Cluster(started / "kubeconfig", started)
     elif os.environ.get("KUBECONFIG"):
         cluster = Cluster(Path(os.environ["KUBECONFIG"]), None)
     else:
@@ -167,8 +144,4 @@ def running_cluster():  # type: ignore[no-untyped-def]
                             namespaced=False, check=False)
         if started is not None and kit is not None:
             log.info("stopping the test cluster in %s", started)
-            subprocess.run([str(kit / "down.sh"), str(started)], capture_output=True,
-                           check=False, timeout=300)
-            # rm(1): far faster than shutil.rmtree on the node's unpacked images
-            subprocess.run(["rm", "-rf", "--one-file-system", str(started)],
-                           capture_output=True, check=False, timeout=600)
+            stop_kit(kit, started)
