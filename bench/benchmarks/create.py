@@ -80,36 +80,56 @@ def _docker_create(env: BenchEnv, n: int) -> tuple[Measured | None, Measured | N
     return Measured("docker run+exec", ms(creates)), Measured("docker rm -f", ms(deletes))
 
 
-def _concurrent_baseline(env: BenchEnv, level: int, rounds: int) -> list[Measured]:
-    out: list[Measured] = []
+def _runc_burst_start(env: BenchEnv) -> tuple[Callable[[], float], Callable[[], object]] | None:
+    """One raw ``runc run -d`` + ``runc exec true`` (timed) and the clean-up after a burst."""
     runc = env.runc()
-    if runc is not None:
-        def one_runc() -> float:
-            t0 = time.perf_counter()
-            cid, _ = runc.run_detached()
-            runc.exec(cid, "true")
-            return time.perf_counter() - t0
+    if runc is None:
+        return None
 
-        out += _threaded_samples(env, "runc run+exec", one_runc, level, rounds,
-                                 lambda: [runc.delete(c) for c in list(runc.running)])
+    def one_runc() -> float:
+        t0 = time.perf_counter()
+        cid, _ = runc.run_detached()
+        runc.exec(cid, "true")
+        return time.perf_counter() - t0
+
+    return one_runc, lambda: [runc.delete(c) for c in list(runc.running)]
+
+
+def runc_concurrent(env: BenchEnv, level: int, rounds: int) -> Measured | None:
+    """``rounds`` bursts of ``level`` raw runc starts, back to back (the execd_launch rows)."""
+    runc = _runc_burst_start(env)
+    if runc is None:
+        return None
+    return next(iter(_threaded_samples(env, "runc run+exec", *runc, level, rounds)), None)
+
+
+def _docker_concurrent(env: BenchEnv, level: int, rounds: int) -> list[Measured]:
     docker = env.docker()
-    if docker is not None:
-        def one_docker() -> float:
-            t0 = time.perf_counter()
-            cid, _ = docker.run_detached()
-            docker.exec(cid, ["true"])
-            return time.perf_counter() - t0
+    if docker is None:
+        return []
 
-        out += _threaded_samples(env, "docker run+exec", one_docker, level, rounds,
-                                 lambda: [docker.remove(c) for c in list(docker.containers)])
-    return out
+    def one_docker() -> float:
+        t0 = time.perf_counter()
+        cid, _ = docker.run_detached()
+        docker.exec(cid, ["true"])
+        return time.perf_counter() - t0
+
+    return _threaded_samples(env, "docker run+exec", one_docker,
+                             lambda: [docker.remove(c) for c in list(docker.containers)],
+                             level, rounds)
 
 
-def _threaded_samples(env: BenchEnv, name: str, one: Callable[[], float], level: int,
-                      rounds: int, clean: Callable[[], object]) -> list[Measured]:
-    """``rounds`` bursts of ``level`` baseline starts on threads. A failed start (dockerd
-    closing a connection under the burst, say) is left out and noted: a baseline's hiccup
-    must not cost the run sandlot's own figures."""
+def _threaded_samples(env: BenchEnv, name: str, one: Callable[[], float],
+                      clean: Callable[[], object], level: int, rounds: int) -> list[Measured]:
+    samples = _threaded_rounds(env, name, one, clean, level, rounds)
+    return [Measured(name, ms(samples))] if samples else []
+
+
+def _threaded_rounds(env: BenchEnv, name: str, one: Callable[[], float],
+                     clean: Callable[[], object], level: int, rounds: int) -> list[float]:
+    """``rounds`` bursts of ``level`` baseline starts on threads (seconds). A failed start
+    (dockerd closing a connection under the burst, say) is left out and noted: a baseline's
+    hiccup must not cost the run sandlot's own figures."""
     samples: list[float] = []
     failures: list[str] = []
 
@@ -127,11 +147,37 @@ def _threaded_samples(env: BenchEnv, name: str, one: Callable[[], float], level:
     if failures:
         env.note(f"{name} ({level} concurrent): {len(failures)} of {level * rounds} starts "
                  f"failed and are left out; first: {failures[0]}")
-    return [Measured(name, ms(samples))] if samples else []
+    return samples
 
 
-async def _bursts(env: BenchEnv, level: int, rounds: int,
-                  **create: Any) -> tuple[list[float], list[str], float]:
+Burst = tuple[list[float], list[str], float]  # latencies (s), failures, wall (s)
+
+
+async def _paired_bursts(env: BenchEnv, level: int, rounds: int) -> tuple[Burst, list[float]]:
+    """``rounds`` sandlot bursts, each followed by a raw runc burst of the same size (both
+    after the pause and an idle machine): the ratio compares bursts seconds apart, not
+    minutes, on a VM whose speed drifts by more than the target's margin between minutes
+    (raw 50-bursts of p50 879 ms and 1550 ms in one afternoon)."""
+    latencies: list[float] = []
+    failures: list[str] = []
+    wall = 0.0
+    raw: list[float] = []
+    runc = _runc_burst_start(env)
+    for _ in range(rounds):
+        lat, fail, seconds = await _bursts(env, level, 1)
+        latencies += lat
+        failures += fail
+        wall += seconds
+        if runc is not None:
+            # The same wait as before a sandlot burst: the pool refills after the deletes.
+            await asyncio.sleep(env.scale.burst_pause)
+            await env.quiesce()
+            raw += await asyncio.to_thread(_threaded_rounds, env, "runc run+exec", *runc,
+                                           level, 1)
+    return (latencies, failures, wall), raw
+
+
+async def _bursts(env: BenchEnv, level: int, rounds: int, **create: Any) -> Burst:
     """``rounds`` bursts of ``level`` concurrent creates; (latencies, failures, wall s)."""
     latencies: list[float] = []
     failures: list[str] = []
@@ -163,15 +209,16 @@ async def run(env: BenchEnv) -> list[Row]:
     warm, _ = await asyncio.wait_for(boxes.create(), CREATE_TIMEOUT)  # image + caches hot
     await boxes.delete(warm)
 
-    # sandlot's figures first, the baselines after all of them: a baseline's aftermath
-    # (dockerd removing containers, runc's state) must not land in sandlot's figures.
+    # sandlot's figures first, the baselines after all of them (a baseline's aftermath,
+    # dockerd removing containers, must not land in sandlot's figures); only the raw runc
+    # bursts alternate with sandlot's (_paired_bursts), each after a quiet machine.
     creates: list[float] = []
     deletes: list[float] = []
     for _ in range(sc.create_serial):
         sandbox, elapsed = await asyncio.wait_for(boxes.create(), CREATE_TIMEOUT)
         creates.append(elapsed)
         deletes.append(await boxes.delete(sandbox))
-    bursts = {level: await _bursts(env, level, rounds)
+    bursts = {level: await _paired_bursts(env, level, rounds)
               for level, rounds in sc.create_concurrency}
     # The first burst size (at most SDK_DEFAULT_BURST) with the SDK left to its default: a
     # new HTTP transport (and SSL context) per Sandbox.create, all in this one client process.
@@ -205,16 +252,16 @@ async def run(env: BenchEnv) -> list[Row]:
     ))
 
     for level, rounds in sc.create_concurrency:
-        latencies, failures, wall = bursts[level]
-        baselines = _concurrent_baseline(env, level, rounds)
-        raw = next((b for b in baselines if b.name == "runc run+exec"), None)
+        (latencies, failures, wall), raw_samples = bursts[level]
+        raw = Measured("runc run+exec", ms(raw_samples)) if raw_samples else None
+        baselines = ([raw] if raw else []) + _docker_concurrent(env, level, rounds)
         target = (Target("<=", 150, "p99", "issue 2") if level == 10
                   else _ratio_target(1.0, raw, "p50", "same-burst runc run+exec") if level < 100
                   else _ratio_target(2.0, raw, "p99", "same-burst runc run+exec"))
         attempts = level * rounds
         ok = attempts - len(failures)
-        note = (f"{rounds} burst(s) of {level}, {sc.burst_pause:.0f}s apart; warm pool of "
-                f"{env.server.warm_pool_size}; wall {wall:.1f}s")
+        note = (f"{rounds} burst(s) of {level}, {sc.burst_pause:.0f}s apart, each followed by "
+                f"a raw runc burst; warm pool of {env.server.warm_pool_size}; wall {wall:.1f}s")
         if failures:
             note += f"; first failure: {failures[0]}"
         rows.append(Row(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.benchmarks.create import CREATE_TIMEOUT, _concurrent_baseline, _runc_create
+from bench.benchmarks.create import CREATE_TIMEOUT, _runc_create, runc_concurrent
 from bench.env import BenchEnv
 from bench.procs import cpu_percent_over, execd_pids, rss, uss
 from bench.results import Measured, Row, Target
@@ -62,8 +62,7 @@ async def run(env: BenchEnv) -> list[Row]:
     burst = env.scale.create_concurrency[-1][0] if env.quick else BURST
     measured = {launch: await _one_launch(env, launch, serial, burst) for launch in LAUNCHES}
     runc_c, _ = _runc_create(env, serial)
-    raw = next((b for b in _concurrent_baseline(env, burst, 1)
-                if b.name == "runc run+exec"), None)
+    raw = runc_concurrent(env, burst, 1)
     rows: list[Row] = []
     exec_ = measured["exec"]
 
