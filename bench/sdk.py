@@ -131,11 +131,13 @@ class Sandboxes:
     async def shut_down(self) -> None:
         """End of a benchmark's private server: delete what it made (through the SDK, then a
         sweep of what is left), close the transports, stop the server and remove its data."""
-        await self.delete_all()
-        await asyncio.to_thread(self.sweep)
-        await self.aclose()
-        await asyncio.to_thread(self.server.stop)
-        self.server.remove()
+        try:
+            await self.delete_all()
+            await asyncio.to_thread(self.sweep)
+        finally:  # the server is stopped and its data removed even when the sweep failed
+            await self.aclose()
+            await asyncio.to_thread(self.server.stop)
+            self.server.remove()
 
     def sweep(self, timeout: float = 120.0) -> list[str]:
         """Delete every sandbox the server still has that is not Terminated (sync, no SDK).
@@ -151,7 +153,13 @@ class Sandboxes:
         with httpx.Client(base_url=f"{self.server.base_url}/v1", headers=headers,
                           timeout=60.0) as client:
             for _ in range(5):  # a delete may race a create that was still finishing
-                ids = _list_ids(client)
+                try:
+                    ids = _list_ids(client)
+                except httpx.TransportError as exc:
+                    raise RuntimeError(
+                        f"sweep: the server (pid {proc.pid}, running: {proc.poll() is None}) "
+                        f"did not answer at {self.server.base_url}: {type(exc).__name__}: "
+                        f"{exc}; its log: {self.server.log_tail(8)}") from exc
                 ids = [i for i in ids if i not in deleted]
                 if not ids or time.monotonic() > deadline:
                     break

@@ -159,7 +159,16 @@ class SandlotServer:
             start_new_session=True,
         )
         log.close()
-        deadline = t0 + timeout
+        try:
+            return self._await_health(t0, t0 + timeout, poll)
+        except BaseException:
+            # A start that failed leaves no server behind: one still starting would refuse
+            # the caller's clean-up (its sweep) and outlive the run.
+            self.kill9()
+            raise
+
+    def _await_health(self, t0: float, deadline: float, poll: float) -> float:
+        assert self.proc is not None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sandlot serve exited with {self.proc.returncode}: "
@@ -171,8 +180,8 @@ class SandlotServer:
             except httpx.HTTPError:
                 pass
             time.sleep(poll)
-        raise RuntimeError(f"sandlot serve did not answer /health in {timeout:.0f}s: "
-                           f"{self.log_tail()}")
+        raise RuntimeError(f"sandlot serve did not answer /health in "
+                           f"{deadline - t0:.0f}s: {self.log_tail()}")
 
     def log_tail(self, lines: int = 15) -> str:
         try:

@@ -188,8 +188,10 @@ async def _run(env: BenchEnv) -> list[Row]:
             stop.set()
             if scraper is not None:
                 await asyncio.gather(scraper, return_exceptions=True)
-            for boxes in (on, off):
-                await boxes.shut_down()
+            try:
+                await on.shut_down()
+            finally:  # the second server too, whatever happened to the first
+                await off.shut_down()
     return [
         Row(key="observability.create", bench=BENCH, label=LABELS["observability.create"],
             unit="ms", sandlot=Measured("sandlot[on]", ms(create_on)),

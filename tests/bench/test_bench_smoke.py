@@ -71,6 +71,7 @@ def test_bench_quick_produces_every_row(tmp_path: Path) -> None:
         for prefix in EXPECTED_KEYS[name]:
             assert any(k == prefix or k.startswith(prefix + ".") for k in keys), (name, prefix)
         assert bench["error"] is None, (name, bench["error"],
+                                        report["environment"].get("tracebacks", {}).get(name),
                                         report["environment"].get("server_log_tail"))
         for row in bench["rows"]:
             if row["sandlot"] is None:

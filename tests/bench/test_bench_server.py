@@ -1,0 +1,45 @@
+"""The bench's private server: a failed start leaves no process, and a clean-up that cannot
+reach its server says so and still stops it (CI saw a bare ConnectError from a sweep once,
+2026-12-04, and the second server of that benchmark was never stopped)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+from bench.sdk import Sandboxes
+from bench.server import SandlotServer
+
+pytestmark = pytest.mark.skipif(shutil.which("runc") is None, reason="needs runc")
+
+
+def _server(tmp_path: Path) -> SandlotServer:
+    # No images are needed: nothing is created, and the warm pool is off.
+    return SandlotServer(image_cache=tmp_path / "cache", warm_pool_size=0)
+
+
+def test_a_start_that_times_out_leaves_no_process(tmp_path: Path) -> None:
+    server = _server(tmp_path)
+    with pytest.raises(RuntimeError, match="did not answer /health"):
+        server.start(timeout=0.05)  # far less than a server start takes
+    assert server.proc is not None
+    assert server.proc.poll() is not None, "the server that did not start is still running"
+    server.remove()
+
+
+def test_a_sweep_of_a_server_that_does_not_answer_says_so_and_stops_it(tmp_path: Path) -> None:
+    server = _server(tmp_path)
+    server.start()
+    try:
+        # The server is alive but no longer at its address (as while it starts or stops).
+        server.port = 1  # privileged, served by nothing here: refused at once
+        boxes = Sandboxes(server, "test-run")
+        with pytest.raises(RuntimeError, match=r"sweep: the server \(pid \d+, running: True\)"):
+            asyncio.run(boxes.shut_down())
+        assert server.proc is not None and server.proc.poll() is not None
+        assert not server.data_dir.exists(), "the server's data dir was left behind"
+    finally:
+        server.stop()
+        server.remove()
