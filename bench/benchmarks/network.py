@@ -26,9 +26,10 @@ import httpx
 from opensandbox import Sandbox
 from opensandbox.models.filesystem import WriteEntry
 from opensandbox.models.sandboxes import NetworkPolicy, NetworkRule
-from tests.net.testhosts import HOST, nsenter, test_network, thread_in_netns
+from tests.net.testhosts import HOST, nsenter, test_network
 
 from bench.env import BenchEnv
+from bench.netns_thread import run_in_netns
 from bench.results import Measured, Row, Target, ms
 from bench.rootfs import RootfsUnavailable
 from bench.sdk import Sandboxes
@@ -98,43 +99,49 @@ def _curl_mbps(prefix: list[str]) -> float | None:
 
 
 async def run(env: BenchEnv) -> list[Row]:
+    """The lab's namespaces are made here; the servers and the client run in the server
+    namespace on a thread of their own (``bench/netns_thread.py``: why not this one)."""
+    with test_network(env.workdir / "netlab") as lab:
+        return await run_in_netns(lab.server_ns, lambda: _in_lab(env, lab.server_ns))
+
+
+async def _in_lab(env: BenchEnv, server_ns: str) -> list[Row]:
     quick = env.quick
     n_create, n_dns, n_patch = (3, 20, 5) if quick else (30, 300, 50)
     n_fan, n_tp = (5, 2) if quick else (50, 9)
     run_id = f"net-{int(time.time())}"
     rows: list[Row] = []
-    with test_network(env.workdir / "netlab") as lab, thread_in_netns(lab.server_ns):
-        def isolated_toml(subnet: str) -> str:
-            return (f'[network]\nmode = "isolated"\ndns_servers = ["{HOST}"]\n'
-                    f'subnet = "{subnet}"\n[egress]\nmode = "dns+nft"\n')
 
-        isolated = isolated_toml("100.88.0.0/16")
-        on = SandlotServer(image_cache=env.image_cache, warm_pool_size=WARM,
-                            network_toml=isolated)
-        off = SandlotServer(image_cache=env.image_cache, warm_pool_size=WARM)
-        # Two isolated servers in one namespace: each needs a subnet of its own.
-        cold_on = SandlotServer(image_cache=env.image_cache, warm_pool_size=0,
-                                network_toml=isolated_toml("100.89.0.0/16"))
-        cold_off = SandlotServer(image_cache=env.image_cache, warm_pool_size=0)
-        servers = (on, off, cold_on, cold_off)
-        son, soff = Sandboxes(on, run_id), Sandboxes(off, run_id)
-        scold_on, scold_off = Sandboxes(cold_on, run_id), Sandboxes(cold_off, run_id)
-        try:
-            for server in servers:
-                server.start()
-            rows += await _creates(son, soff, on, off, n_create)
-            rows += await _cold_creates(scold_on, scold_off, 2 if quick else 12)
-            rows += await _traffic(son, n_dns, n_patch, n_tp, lab.server_ns,
-                                   _image_curl(env))
-            rows.append(await _fanout(son, n_fan))
-        finally:
-            for s in (son, soff, scold_on, scold_off):
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(s.delete_all(), 180)
-                await s.aclose()
-            for server in servers:
-                server.stop()
-                server.remove()
+    def isolated_toml(subnet: str) -> str:
+        return (f'[network]\nmode = "isolated"\ndns_servers = ["{HOST}"]\n'
+                f'subnet = "{subnet}"\n[egress]\nmode = "dns+nft"\n')
+
+    isolated = isolated_toml("100.88.0.0/16")
+    on = SandlotServer(image_cache=env.image_cache, warm_pool_size=WARM,
+                       network_toml=isolated)
+    off = SandlotServer(image_cache=env.image_cache, warm_pool_size=WARM)
+    # Two isolated servers in one namespace: each needs a subnet of its own.
+    cold_on = SandlotServer(image_cache=env.image_cache, warm_pool_size=0,
+                            network_toml=isolated_toml("100.89.0.0/16"))
+    cold_off = SandlotServer(image_cache=env.image_cache, warm_pool_size=0)
+    servers = (on, off, cold_on, cold_off)
+    son, soff = Sandboxes(on, run_id), Sandboxes(off, run_id)
+    scold_on, scold_off = Sandboxes(cold_on, run_id), Sandboxes(cold_off, run_id)
+    try:
+        for server in servers:
+            server.start()
+        rows += await _creates(son, soff, on, off, n_create)
+        rows += await _cold_creates(scold_on, scold_off, 2 if quick else 12)
+        rows += await _traffic(son, n_dns, n_patch, n_tp, server_ns, _image_curl(env))
+        rows.append(await _fanout(son, n_fan))
+    finally:
+        for s in (son, soff, scold_on, scold_off):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(s.delete_all(), 180)
+            await s.aclose()
+        for server in servers:
+            server.stop()
+            server.remove()
     return rows
 
 
