@@ -41,9 +41,10 @@ def _cpu(pid: int) -> tuple[float, float]:
 
 
 async def _measure(server: SandlotServer, rounds: int, size: int, perf: float, pyspy: int,
-                   native: bool) -> None:
+                   native: bool, cpu: str | None) -> None:
     sandboxes = Sandboxes(server, uuid.uuid4().hex[:8])
-    sandbox, _ = await sandboxes.create()
+    sandbox, _ = await sandboxes.create(
+        **({"resource": {"cpu": cpu, "memory": "2Gi"}} if cpu else {}))
     try:
         pids: list[int] = []
         for _ in range(50):  # the daemon may still be settling into its cgroup
@@ -108,12 +109,14 @@ def main() -> None:
     parser.add_argument("--pyspy", type=int, default=0,
                         help="streams more under py-spy record of execd (collapsed stacks)")
     parser.add_argument("--native", action="store_true", help="py-spy --native")
+    parser.add_argument("--cpu", default=None,
+                        help="the sandbox's cpu limit (default: the SDK's, 1 core)")
     opts = parser.parse_args()
     server = SandlotServer(warm_pool_size=1)
     server.start()
     try:
         asyncio.run(_measure(server, opts.rounds, opts.mib << 20, opts.perf, opts.pyspy,
-                             opts.native))
+                             opts.native, opts.cpu))
     finally:
         server.stop()
         server.remove()
