@@ -95,12 +95,15 @@ def _runc_burst_start(env: BenchEnv) -> tuple[Callable[[], float], Callable[[], 
     return one_runc, lambda: [runc.delete(c) for c in list(runc.running)]
 
 
-def runc_concurrent(env: BenchEnv, level: int, rounds: int) -> Measured | None:
-    """``rounds`` bursts of ``level`` raw runc starts, back to back (the execd_launch rows)."""
+async def runc_burst(env: BenchEnv, level: int) -> list[float]:
+    """One burst of ``level`` raw runc starts (seconds; empty without runc), after the same
+    quiet wait a sandlot burst gets: a benchmark takes it right after its own burst, so the
+    two compare the same minutes (see ``_paired_bursts``)."""
     runc = _runc_burst_start(env)
     if runc is None:
-        return None
-    return next(iter(_threaded_samples(env, "runc run+exec", *runc, level, rounds)), None)
+        return []
+    await env.quiesce()
+    return await asyncio.to_thread(_threaded_rounds, env, "runc run+exec", *runc, level, 1)
 
 
 def _docker_concurrent(env: BenchEnv, level: int, rounds: int) -> list[Measured]:
