@@ -9,6 +9,10 @@ because it is contended or because it is simply that much work shows here.
 
     .venv/bin/python tools/measure_burst_cpu.py --pool 10 --level 100
     .venv/bin/python tools/measure_burst_cpu.py --pool 0 --level 1 --rounds 40
+
+``--deletes`` then also deletes every sandbox the run made (8 at a time, as the bench's
+``delete_all``) and reports the same split per delete, the background removals included
+(a few seconds' wait): what a delete costs with that many sandboxes on the host.
 """
 
 from __future__ import annotations
@@ -77,7 +81,21 @@ def _snapshot(server: int, zygote: int) -> tuple[tuple[float, float], float, flo
             _machine_ms(), _container_inits_ms())
 
 
-async def measure(pool: int, level: int, rounds: int) -> None:
+def _split(label: str, n: int, server: int, zygote: int,
+           before: tuple[tuple[float, float], float, float, float, float]) -> str:
+    after = _snapshot(server, zygote)
+    own = (after[0][0] - before[0][0]) / n
+    reaped = (after[0][1] - before[0][1]) / n
+    zyg = (after[1] - before[1]) / n
+    client = (after[2] - before[2]) / n
+    machine = (after[3] - before[3]) / n
+    inits = (after[4] - before[4]) / n
+    return (f"CPU per {label} (ms): machine {machine:.1f} = server {own:.1f} + its reaped "
+            f"children {reaped:.1f} + zygote tree {zyg:.1f} + client {client:.1f} + container "
+            f"inits {inits:.1f} + rest {machine - own - reaped - zyg - client - inits:.1f}")
+
+
+async def measure(pool: int, level: int, rounds: int, deletes: bool) -> None:
     server = SandlotServer(warm_pool_size=pool)
     await asyncio.to_thread(server.start)
     assert server.proc is not None
@@ -94,22 +112,26 @@ async def measure(pool: int, level: int, rounds: int) -> None:
             made = await asyncio.gather(*(boxes.create() for _ in range(level)))
             latencies += [seconds * 1e3 for _, seconds in made]
         wall = (time.perf_counter() - t0) * 1e3
-        after = _snapshot(server.proc.pid, zygote)
+        n = level * rounds
+        creates = _split("create", n, server.proc.pid, zygote, before)
+        if deletes:
+            made = len(boxes.live)
+            before = _snapshot(server.proc.pid, zygote)
+            t0 = time.perf_counter()
+            took = sorted(x * 1e3 for x in await boxes.delete_all())
+            delete_wall = (time.perf_counter() - t0) * 1e3
+            await asyncio.sleep(4)  # background removals of the deleted trees
+            removed = _split("delete", made, server.proc.pid, zygote, before)
     finally:
         await boxes.shut_down()
-    n = level * rounds
-    own = (after[0][0] - before[0][0]) / n
-    reaped = (after[0][1] - before[0][1]) / n
-    zyg = (after[1] - before[1]) / n
-    client = (after[2] - before[2]) / n
-    machine = (after[3] - before[3]) / n
-    inits = (after[4] - before[4]) / n
     latencies.sort()
     print(f"pool {pool}, {rounds} x {level} at once: latency p50 {statistics.median(latencies):.0f}"
           f" ms, p99 {latencies[round(0.99 * (n - 1))]:.0f} ms, wall {wall:.0f} ms")
-    print(f"CPU per create (ms): machine {machine:.1f} = server {own:.1f} + its reaped "
-          f"children {reaped:.1f} + zygote tree {zyg:.1f} + client {client:.1f} + container "
-          f"inits {inits:.1f} + rest {machine - own - reaped - zyg - client - inits:.1f}")
+    print(creates)
+    if deletes:
+        print(f"{made} deletes, 8 at a time: p50 {statistics.median(took):.0f} ms, p99 "
+              f"{took[round(0.99 * (len(took) - 1))]:.0f} ms, wall {delete_wall:.0f} ms")
+        print(removed)
 
 
 def main() -> None:
@@ -117,8 +139,9 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=10, help="the server's warm_pool_size")
     ap.add_argument("--level", type=int, default=100, help="creates at once")
     ap.add_argument("--rounds", type=int, default=1, help="bursts, one after the other")
+    ap.add_argument("--deletes", action="store_true", help="then delete them all (see above)")
     a = ap.parse_args()
-    asyncio.run(measure(a.pool, a.level, a.rounds))
+    asyncio.run(measure(a.pool, a.level, a.rounds, a.deletes))
 
 
 if __name__ == "__main__":
