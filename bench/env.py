@@ -53,7 +53,7 @@ class Scale:
 
 
 FULL = Scale(
-    create_serial=30, create_concurrency=((10, 3), (50, 3), (100, 1)), burst_pause=4.0,
+    create_serial=30, create_concurrency=((10, 3), (50, 3), (100, 3)), burst_pause=4.0,
     command_runs=200,
     first_byte_runs=30, stream_bytes=256 << 20, stream_runs=3, sdk_stream_bytes=16 << 20,
     small_file_runs=30,

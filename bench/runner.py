@@ -38,7 +38,7 @@ from bench.server import (
 # skips no benchmark. Each benchmark has its own bound besides (``bench_timeout``).
 FULL_BUDGET = 2700.0
 _SLOW = {"density": 2.5, "network": 2.0, "kubernetes": 6.0, "execd_launch": 3.0,
-         "gvisor": 2.0}
+         "gvisor": 2.0, "create": 2.0}
 
 
 @dataclass
