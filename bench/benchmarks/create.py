@@ -165,18 +165,16 @@ async def _paired_bursts(env: BenchEnv, level: int, rounds: int) -> tuple[Burst,
     failures: list[str] = []
     wall = 0.0
     raw: list[float] = []
-    runc = _runc_burst_start(env)
+    with_runc = env.runc() is not None
     for _ in range(rounds):
         lat, fail, seconds = await _bursts(env, level, 1)
         latencies += lat
         failures += fail
         wall += seconds
-        if runc is not None:
+        if with_runc:
             # The same wait as before a sandlot burst: the pool refills after the deletes.
             await asyncio.sleep(env.scale.burst_pause)
-            await env.quiesce()
-            raw += await asyncio.to_thread(_threaded_rounds, env, "runc run+exec", *runc,
-                                           level, 1)
+            raw += await runc_burst(env, level)
     return (latencies, failures, wall), raw
 
 

@@ -19,7 +19,7 @@ from bench.procs import cpu_percent_over, execd_pids, rss, uss
 from bench.results import Measured, Row, Target, ms
 from bench.sdk import Sandboxes
 from bench.server import SandlotServer
-from bench.stats import percentile
+from bench.stats import Summary
 
 BENCH = "execd_launch"
 KEYS = ("execd_launch.serial", "execd_launch.concurrent", "execd_launch.execd_uss",
@@ -63,7 +63,7 @@ async def _one_launch(env: BenchEnv, launch: str, serial: int,
 
 
 def _p50_ms(samples: list[float]) -> str:
-    return f"p50 {percentile(sorted(x * 1000 for x in samples), 50):.1f} ms" if samples else "none"
+    return f"p50 {Summary.of(ms(samples)).p50:.1f} ms" if samples else "none"
 
 
 async def run(env: BenchEnv) -> list[Row]:
