@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import socket
 import subprocess
 import uuid
 
 import pytest
 
 from sandlot.errors import RuntimeFailure
+from sandlot.runtime import tcp_connect
 from sandlot.runtime.oci import netns
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
@@ -108,3 +111,58 @@ async def test_a_maker_that_cannot_go_home_ends_and_the_next_create_gets_a_new_o
     finally:
         await netns.delete_netns(stranded)
         await netns.delete_netns(after)
+
+
+def _sysctl_in(name: str, key: str, value: str | None = None) -> str:
+    """Read (or set) net sysctl ``key`` inside namespace ``name``."""
+    argv = ["ip", "netns", "exec", name, "sysctl", "-n", key]
+    if value is not None:
+        argv = ["ip", "netns", "exec", name, "sysctl", "-w", f"{key}={value}"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+
+
+PORT = 44772  # execd's default port
+
+
+async def test_a_reserved_port_is_never_a_connects_own_port() -> None:
+    name = f"sltest-{uuid.uuid4().hex[:8]}"
+    await netns.create_netns(name, reserved_ports=(PORT,))
+    try:
+        assert _sysctl_in(name, "net.ipv4.ip_local_reserved_ports") == str(PORT)
+        # the only automatic port left would be the target's own: the connect cannot self-
+        # connect, it finds no local port at all
+        _sysctl_in(name, "net.ipv4.ip_local_port_range", f"{PORT} {PORT}")
+        with pytest.raises(OSError) as caught:
+            await netns.NetnsConnector().connect(netns.netns_path(name), PORT)
+        assert caught.value.errno == errno.EADDRNOTAVAIL
+    finally:
+        await netns.delete_netns(name)
+
+
+async def test_a_self_connection_is_refused_and_its_port_freed_at_once() -> None:
+    name = f"sltest-{uuid.uuid4().hex[:8]}"
+    path = await netns.create_netns(name)  # nothing reserved: the kernel's own behaviour
+    try:
+        assert _sysctl_in(name, "net.ipv4.ip_local_reserved_ports") == ""
+        _sysctl_in(name, "net.ipv4.ip_local_port_range", f"{PORT} {PORT}")
+        # the premise: a connect whose local port is the target's completes with itself
+        raw = netns.socket_in(path)
+        raw.connect(("127.0.0.1", PORT))
+        assert raw.getsockname() == raw.getpeername() == ("127.0.0.1", PORT)
+        assert tcp_connect.is_self_connected(raw)
+        tcp_connect.close_with_reset(raw)
+        # the connector reports it as nobody listening, and leaves the port free at once:
+        # a server's bind (SO_REUSEADDR, as execd's) succeeds right after
+        with pytest.raises(ConnectionRefusedError, match="itself"):
+            await netns.NetnsConnector().connect(path, PORT)
+        with netns.socket_in(path) as server:
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("127.0.0.1", PORT))
+            server.listen()
+            # and once something listens, the same connector connects to it
+            _sysctl_in(name, "net.ipv4.ip_local_port_range", "32768 60999")
+            conn = await netns.NetnsConnector().connect(path, PORT)
+            assert conn.getpeername() == ("127.0.0.1", PORT) != conn.getsockname()
+            conn.close()
+    finally:
+        await netns.delete_netns(name)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import functools
 import os
 import signal
 import socket
 import stat
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -123,6 +125,30 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
+BIND_RETRY_SECONDS = 3.0
+BIND_RETRY_STEP = 0.02
+
+
+def _bind_when_free(sock: socket.socket, address: tuple[str, int]) -> None:
+    """``bind``, retried while the port is briefly taken.
+
+    A host polling the port before execd binds it can self-connect onto it for a moment
+    (the host closes such a socket at once; see runtime/tcp_connect.py), and a host-mode
+    port is picked free but can be caught by another socket in between. A port still taken
+    after ``BIND_RETRY_SECONDS`` is a real conflict: the error goes out.
+    """
+    deadline = time.monotonic() + BIND_RETRY_SECONDS
+    while True:
+        try:
+            sock.bind(address)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                sock.close()
+                raise
+        time.sleep(BIND_RETRY_STEP)
+
+
 def make_socket(addr: str) -> socket.socket:
     """A bound, listening socket for ``unix:/path`` or ``tcp:HOST:PORT``."""
     kind, _, rest = addr.partition(":")
@@ -144,7 +170,7 @@ def make_socket(addr: str) -> socket.socket:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, int(port)))
+        _bind_when_free(sock, (host, int(port)))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     else:
         raise SystemExit(f"execd: bad --listen address {addr!r} (use unix:/path or tcp:HOST:PORT)")

@@ -58,6 +58,9 @@ async def test_bridge_reaches_loopback_servers_and_has_an_address(
     listeners = [ln.split()[1] for ln in r.output.splitlines()[1:] if ln.split()[3] == "0A"]
     assert f"0100007F{execd_hex}" in listeners
     assert not any(a.endswith(execd_hex) and a != f"0100007F{execd_hex}" for a in listeners)
+    # no automatic local port is ever execd's (a poll cannot self-connect onto it)
+    r = await adexec(private_dockerd, "dk-br", "cat /proc/sys/net/ipv4/ip_local_reserved_ports")
+    assert r.output.strip() == str(rt.plan.execd_port)
 
 
 async def test_none_has_loopback_only_and_is_reached_through_its_namespace(

@@ -169,6 +169,11 @@ class Plan:
         }
         if self.engine_runtime:
             host["runtime"] = self.engine_runtime
+        elif self.network.own_namespace:
+            # Polling execd's port before it binds can then never self-connect onto it and
+            # hold it (see runtime/tcp_connect.py). gVisor's netstack (engine_runtime)
+            # takes no host sysctls: execd's bind retry covers it there.
+            host["sysctls"] = {"net.ipv4.ip_local_reserved_ports": str(self.execd_port)}
         if can_lower_oom_score_adj():  # as in the OCI backend: needs CAP_SYS_RESOURCE
             host["oom_score_adj"] = EXECD_OOM_SCORE_ADJ
         if spec.memory_bytes is not None:

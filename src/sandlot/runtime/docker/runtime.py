@@ -39,7 +39,7 @@ from sandlot.errors import (
     Unsupported,
 )
 from sandlot.images.model import Image
-from sandlot.runtime import admission, cgroupstats, execd_client
+from sandlot.runtime import admission, cgroupstats, execd_client, tcp_connect
 from sandlot.runtime.admission import StartGate
 from sandlot.runtime.base import (
     ContainerInfo,
@@ -399,15 +399,7 @@ class DockerRuntime(Runtime):
             if host_port is None:
                 raise RuntimeFailure(f"sandbox {sandbox_id} has no execd port label")
             port = host_port
-        loop = asyncio.get_running_loop()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.setblocking(False)
-            await loop.sock_connect(sock, ("127.0.0.1", port))
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+        return await tcp_connect.connect(socket.socket(), "127.0.0.1", port)
 
     async def _init_pid(self, sandbox_id: str) -> int:
         """The container's init pid, cached while the same process still runs under it."""

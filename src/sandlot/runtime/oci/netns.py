@@ -10,6 +10,10 @@ cold creates spent ~40 ms per create, p90 ~200 ms, in the two ``ip`` runs on the
 setns(2): it changes only the calling thread's namespace, and a socket stays in the namespace
 it was created in, so the thread switches in, makes the socket, switches back, and the event
 loop connects it.
+
+A namespace can reserve ports (``ip_local_reserved_ports``, a per-namespace sysctl): no
+automatic local port is ever taken from them, so polling a port before its server binds it
+can never self-connect onto it and hold it (see ``tcp_connect``).
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ from pathlib import Path
 from pyroute2 import netns as pyroute2_netns
 
 from sandlot.errors import RuntimeFailure
+from sandlot.runtime import tcp_connect
 
 NETNS_DIR = Path("/run/netns")
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_RESERVED_PORTS = "/proc/sys/net/ipv4/ip_local_reserved_ports"
 
 
 def netns_path(name: str) -> Path:
@@ -49,14 +55,23 @@ def _loopback_up() -> None:
         fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
 
 
+def _reserve_ports(ports: tuple[int, ...]) -> None:
+    """Keep ``ports`` out of automatic local port choice in the calling thread's namespace
+    (``/proc/sys/net`` shows the namespace of the thread that opens it)."""
+    if ports:
+        with open(_RESERVED_PORTS, "w", encoding="ascii") as f:
+            f.write(",".join(str(p) for p in sorted(set(ports))))
+
+
 class _Stranded(Exception):
     """The maker thread could not go back to the server's namespace (it must end)."""
 
 
-def _make_netns(name: str) -> None:
-    """Unshare the calling thread's network namespace, pin it as ``name``, bring ``lo`` up
-    and go home. Raises ``_Stranded`` when going home fails: that thread must then serve
-    nothing else, since whatever it did next would happen inside the new namespace."""
+def _make_netns(name: str, reserved_ports: tuple[int, ...] = ()) -> None:
+    """Unshare the calling thread's network namespace, pin it as ``name``, bring ``lo`` up,
+    reserve ``reserved_ports`` and go home. Raises ``_Stranded`` when going home fails:
+    that thread must then serve nothing else, since whatever it did next would happen
+    inside the new namespace."""
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
         if _libc.unshare(CLONE_NEWNET) != 0:
@@ -66,6 +81,7 @@ def _make_netns(name: str) -> None:
             _pin(name)
             try:
                 _loopback_up()
+                _reserve_ports(reserved_ports)
             except BaseException:
                 pyroute2_netns.remove(name)
                 raise
@@ -93,30 +109,30 @@ class _NetnsMaker:
     """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[str, Report]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[str, tuple[int, ...], Report]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def submit(self, name: str, report: Report) -> None:
+    def submit(self, name: str, reserved_ports: tuple[int, ...], report: Report) -> None:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._serve, name="netns-maker",
                                                 daemon=True)
                 self._thread.start()
-            self._jobs.put((name, report))
+            self._jobs.put((name, reserved_ports, report))
 
     def _serve(self) -> None:
         while True:
-            name, report = self._jobs.get()
+            name, reserved_ports, report = self._jobs.get()
             try:
-                _make_netns(name)
+                _make_netns(name, reserved_ports)
             except _Stranded as exc:
                 with self._lock:
                     self._thread = None
                     report(OSError(f"cannot return from namespace {name}: {exc}"))
                     while True:
                         try:
-                            _, queued = self._jobs.get_nowait()
+                            _, _, queued = self._jobs.get_nowait()
                         except queue.Empty:
                             return
                         queued(OSError("the namespace maker thread ended"))
@@ -142,15 +158,16 @@ def _pin(name: str) -> None:
         raise
 
 
-async def create_netns(name: str) -> Path:
-    """Create namespace ``name`` with only a loopback interface, up."""
+async def create_netns(name: str, reserved_ports: tuple[int, ...] = ()) -> Path:
+    """Create namespace ``name`` with only a loopback interface, up, and ``reserved_ports``
+    kept out of automatic local port choice there (see the module docstring)."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
 
     def report(exc: BaseException | None) -> None:
         loop.call_soon_threadsafe(_settle, done, exc)
 
-    _MAKER.submit(name, report)
+    _MAKER.submit(name, reserved_ports, report)
     try:
         await asyncio.shield(done)
     except asyncio.CancelledError:
@@ -234,15 +251,8 @@ class NetnsConnector:
 
     async def connect(self, ns: Path, port: int, host: str = "127.0.0.1") -> socket.socket:
         """A non-blocking TCP socket made in ``ns`` and connected to ``host:port`` there
-        (its loopback unless told otherwise)."""
-        sock = socket_in(ns)
-        try:
-            sock.setblocking(False)
-            await asyncio.get_running_loop().sock_connect(sock, (host, port))
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+        (its loopback unless told otherwise); a self-connection is refused."""
+        return await tcp_connect.connect(socket_in(ns), host, port)
 
     def close(self) -> None:
         """Nothing to release (kept so a runtime's close() need not know)."""

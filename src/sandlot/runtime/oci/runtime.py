@@ -46,7 +46,7 @@ from sandlot.images.model import Image, ImageConfig, RegistryAuth
 from sandlot.net import hostmode
 from sandlot.net.manager import NetworkManager
 from sandlot.net.policy import coerce as coerce_policy
-from sandlot.runtime import admission, cgroupstats, execd_client
+from sandlot.runtime import admission, cgroupstats, execd_client, tcp_connect
 from sandlot.runtime.admission import StartGate
 from sandlot.runtime.base import (
     ContainerInfo,
@@ -130,14 +130,7 @@ def _refuse_policy_in_host_mode(policy: object) -> None:
 
 async def _connect_loopback(port: int) -> socket.socket:
     """A non-blocking TCP socket connected to ``127.0.0.1:port`` of the server's namespace."""
-    sock = socket.socket()
-    try:
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    return await tcp_connect.connect(socket.socket(), "127.0.0.1", port)
 
 
 def _swap_limit_supported() -> bool:
@@ -489,7 +482,8 @@ class OciRuntime(Runtime):
             execd_port = hostmode.allocate_port(p.root)
             shutil.copyfile("/etc/resolv.conf", p.etc / "resolv.conf")
         else:
-            ns = await netns.create_netns(netns_name(spec.sandbox_id))
+            ns = await netns.create_netns(netns_name(spec.sandbox_id),
+                                          reserved_ports=(execd_port,))
         # With execd forked in after runc (the zygote's plan), nothing of the sandbox runs
         # before that launch: the network is set up meanwhile, beside the overlay mount and
         # runc, and awaited before it. runsc reads the namespace's interfaces when it boots,
