@@ -10,7 +10,6 @@ import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -284,55 +283,6 @@ async def test_failed_forked_start_leaves_nothing(
         await rt.create(spec("zy-fail", rt_image))
     assert not leftovers(rt, "zy-fail")
     assert "zy-fail" not in await rt.list_ids()
-
-
-async def test_execd_listens_when_the_zygote_answers(
-    zygote_rt: OciRuntime, rt_image: Image, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The zygote answers once the forked execd listens: the server's first ``/ping``
-    finds it (the connection waits in the backlog while execd's loop starts), with no
-    refused connects polled in between."""
-    rt = zygote_rt
-    assert rt.zygote is not None
-    real_launch = rt.zygote.launch
-    refused: list[bool] = []
-
-    async def launch_then_connect(*args: Any) -> int:
-        pid = await real_launch(*args)
-        try:  # at once, as the server's first /ping does
-            (await rt.connect("zy-listen", rt.execd_port)).close()
-            refused.append(False)
-        except ConnectionRefusedError:
-            refused.append(True)
-        return pid
-
-    monkeypatch.setattr(rt.zygote, "launch", launch_then_connect)
-    for _ in range(5):
-        refused.clear()
-        await rt.create(spec("zy-listen", rt_image))
-        assert refused == [False]
-        await wait_ping(rt, "zy-listen")
-        await rt.delete("zy-listen")
-
-
-async def test_a_listener_execd_cannot_bind_fails_the_create_with_why(
-    zygote_rt: OciRuntime, rt_image: Image, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    rt = zygote_rt
-    real = ocizygote.use_waiter
-
-    def unbindable(config: dict, waiter: str) -> dict:
-        plan = real(config, waiter)
-        args = plan["process"]["args"]
-        at = args.index("--listen") + 1
-        plan["process"]["args"] = [*args[:at], "tcp:198.51.100.9:44772", *args[at + 1:]]
-        return plan
-
-    monkeypatch.setattr(ocizygote, "use_waiter", unbindable)
-    with pytest.raises(RuntimeFailure, match="Cannot assign requested address"):
-        await rt.create(spec("zy-nobind", rt_image))
-    assert not leftovers(rt, "zy-nobind")
-    assert "zy-nobind" not in await rt.list_ids()
 
 
 async def test_a_start_cut_short_is_stopped_at_the_next_open(

@@ -18,7 +18,7 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sandlot.execd import protocol
@@ -179,11 +179,7 @@ def make_socket(addr: str) -> socket.socket:
     return sock
 
 
-def main(argv: Sequence[str] | None = None,
-         on_listening: Callable[[], None] | None = None) -> int:
-    """Run execd. ``on_listening`` is called once every listener is bound and listening
-    (connections made from then on wait in the backlog until the loop serves them): the
-    zygote's fork answers the server only then, so its first ``/ping`` finds execd."""
+def main(argv: Sequence[str] | None = None) -> int:
     ns, entrypoint = parse_args(sys.argv[1:] if argv is None else argv)
     from sandlot.execd import procs
 
@@ -202,8 +198,6 @@ def main(argv: Sequence[str] | None = None,
         except OSError as exc:  # the host then relays this sandbox's connections instead
             print(f"execd: no hand-over socket ({exc}); connections come relayed",
                   file=sys.stderr)
-    if on_listening is not None:
-        on_listening()
     # Plain asyncio loop on purpose: uvloop reserves SIGCHLD, which execd needs to reap
     # every child (it is often PID 1).
     return asyncio.run(_serve(ns, token, sockets, entrypoint, handoff))

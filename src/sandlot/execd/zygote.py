@@ -15,8 +15,7 @@ the container's init process, one descriptor per namespace (``ns`` in the header
 per cgroup (``cgroup.procs`` files). The zygote itself never reads the plan or the token:
 only the child does, so no sandbox's environment or token stays in the zygote's memory,
 to be inherited by the next sandbox's execd. The answer is ``{"pid": <host pid>}`` once
-the child is confined (``confine.py``) and execd listens (so the server's first ``/ping``
-finds it, instead of polling while it binds), or ``{"error": ...}``.
+the child is confined (``confine.py``) and about to run execd, or ``{"error": ...}``.
 The header may also carry the plan's seccomp object (``seccomp``; not secret): the zygote
 compiles that filter once and keeps the program (``SeccompFilters``), so each execd loads
 an inherited, shared program instead of building and compiling its own (libseccomp's rule
@@ -192,7 +191,6 @@ def _child(req: Request, report: int, prebuilt: tuple[str, Any] | None) -> NoRet
     """Runs in the zygote's fork, born in the sandbox's pid namespace (``confine``'s
     step 1): confine itself, then run execd."""
     code = 1
-    open_report = [report]  # emptied once closed: its number may then be reused
     try:
         signal.set_wakeup_fd(-1)  # the zygote's wake-up pipe is closed here
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -205,7 +203,7 @@ def _child(req: Request, report: int, prebuilt: tuple[str, Any] | None) -> NoRet
         os.dup2(token, 0)
         os.dup2(stdio, 1)
         os.dup2(stdio, 2)
-        # Nothing of the host stays open: stdio, and the report pipe until execd listens.
+        # Nothing of the host stays open: stdio and the report pipe only (closed below).
         os.closerange(3, report)
         os.closerange(report + 1, 1 << 20)
         args = list(plan["process"]["args"])
@@ -214,16 +212,13 @@ def _child(req: Request, report: int, prebuilt: tuple[str, Any] | None) -> NoRet
         del plan, req, prebuilt
         from sandlot.execd.main import main as execd_main
 
-        def listening() -> None:
-            _report(open_report.pop(), "ok")
-            os.close(report)
-
-        code = execd_main(argv, on_listening=listening)
+        _report(report, "ok")
+        os.close(report)
+        code = execd_main(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # noqa: BLE001 - reported, then this child ends
-        if open_report:
-            _report(report, f"error {type(exc).__name__}: {exc}")
+        _report(report, f"error {type(exc).__name__}: {exc}")
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
