@@ -191,6 +191,7 @@ def _child(req: Request, report: int, prebuilt: tuple[str, Any] | None) -> NoRet
     """Runs in the zygote's fork, born in the sandbox's pid namespace (``confine``'s
     step 1): confine itself, then run execd."""
     code = 1
+    report_open = True  # once closed, its number may be reused by execd: never written
     try:
         signal.set_wakeup_fd(-1)  # the zygote's wake-up pipe is closed here
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -214,11 +215,13 @@ def _child(req: Request, report: int, prebuilt: tuple[str, Any] | None) -> NoRet
 
         _report(report, "ok")
         os.close(report)
+        report_open = False
         code = execd_main(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # noqa: BLE001 - reported, then this child ends
-        _report(report, f"error {type(exc).__name__}: {exc}")
+        if report_open:
+            _report(report, f"error {type(exc).__name__}: {exc}")
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
