@@ -166,3 +166,25 @@ async def test_a_self_connection_is_refused_and_its_port_freed_at_once() -> None
             conn.close()
     finally:
         await netns.delete_netns(name)
+
+
+async def test_a_read_only_proc_sys_leaves_the_reservation_out_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server whose ``/proc/sys`` is read-only still makes namespaces (the connector's
+    self-connection check and execd's bind retry remain); it says so once."""
+    monkeypatch.setattr(netns, "_RESERVED_PORTS", "/proc/sys/net/ipv4/sandlot-no-such-sysctl")
+    monkeypatch.setattr(netns, "_reserve_warned", False)
+    names = [f"sltest-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    try:
+        with caplog.at_level("WARNING", logger=netns.__name__):
+            for name in names:
+                await netns.create_netns(name, reserved_ports=(PORT,))
+        for name in names:
+            assert os.path.ismount(netns.netns_path(name))
+            assert _sysctl_in(name, "net.ipv4.ip_local_reserved_ports") == ""
+        warnings = [r for r in caplog.records if "cannot reserve" in r.getMessage()]
+        assert len(warnings) == 1
+    finally:
+        for name in names:
+            await netns.delete_netns(name)

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import ctypes
 import fcntl
+import logging
 import os
 import queue
 import socket
@@ -35,6 +36,7 @@ from pyroute2 import netns as pyroute2_netns
 from sandlot.errors import RuntimeFailure
 from sandlot.runtime import tcp_connect
 
+log = logging.getLogger(__name__)
 NETNS_DIR = Path("/run/netns")
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -57,10 +59,27 @@ def _loopback_up() -> None:
 
 def _reserve_ports(ports: tuple[int, ...]) -> None:
     """Keep ``ports`` out of automatic local port choice in the calling thread's namespace
-    (``/proc/sys/net`` shows the namespace of the thread that opens it)."""
-    if ports:
+    (``/proc/sys/net`` shows the namespace of the thread that opens it).
+
+    Best effort: where ``/proc/sys`` is read-only (a server in a container that is not
+    privileged) the two other guards remain (``tcp_connect``'s refusal, execd's bind
+    retry), so a create goes on, with one warning per server.
+    """
+    if not ports:
+        return
+    try:
         with open(_RESERVED_PORTS, "w", encoding="ascii") as f:
             f.write(",".join(str(p) for p in sorted(set(ports))))
+    except OSError as exc:
+        global _reserve_warned
+        if not _reserve_warned:
+            _reserve_warned = True
+            log.warning("cannot reserve execd's port in sandbox network namespaces (%s): "
+                        "polls before execd binds rely on the connector's self-connection "
+                        "check and execd's bind retry alone", exc)
+
+
+_reserve_warned = False
 
 
 class _Stranded(Exception):
