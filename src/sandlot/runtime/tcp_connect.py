@@ -3,10 +3,10 @@
 A connect to a loopback port nobody listens on yet (execd's, while it starts) takes a random
 local port from the ephemeral range; when that equals the target port, Linux completes a
 simultaneous open with itself. That socket then holds the port, and execd's ``bind`` fails
-with ``EADDRINUSE`` (measured: about 1 in 30,000 attempts, so about 1 in 2,000 cold starts
-polled every 20 ms). A self-connected socket is closed with a reset, which frees the port at
-once (a plain close would leave it in TIME_WAIT), and reported as refused: to every caller
-it is the same as nobody listening yet.
+with ``EADDRINUSE`` (measured: about 1 in 30,000 attempts; a start is polled from 5 ms
+apart, backing off, until execd answers). A self-connected socket is closed with a reset,
+which frees the port at once (a plain close would leave it in TIME_WAIT), and reported as
+refused: to every caller it is the same as nobody listening yet.
 """
 
 from __future__ import annotations
