@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from typing import Any
@@ -48,6 +47,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
+
+from sandlot.execd import bytescan
 
 KEEPALIVE: bytes = b": keep-alive\n\n"
 MEDIA_TYPE = "text/event-stream"
@@ -131,11 +132,7 @@ _SHORT_ESCAPES = {0x08: b"\\b", 0x09: b"\\t", 0x0C: b"\\f", 0x0D: b"\\r"}
 _CONTROL_ESCAPES = {
     c: _SHORT_ESCAPES.get(c, b"\\u%04x" % c) for c in range(0x20) if c != 0x0A
 }
-_CONTROL_CODES = tuple(_CONTROL_ESCAPES)
 _BREAKERS_UTF8 = tuple((ch.encode(), f"\\u{ord(ch):04x}".encode()) for ch in _LINE_BREAKERS)
-
-
-_BLANK_LINE = re.compile(b"\n\n")
 
 
 def encode_region(type_: str, region: bytes, *, frames: bool = False) -> bytes:
@@ -153,11 +150,12 @@ def encode_region_counted(type_: str, region: bytes, *, frames: bool = False
 
     The whole region is escaped and cut into events with byte replaces (C speed) rather than
     a Python step per line, so a stream of many short lines stays cheap; that includes
-    control characters (ANSI colours, backspaces): a ``memchr`` per control character finds
-    which occur, and each of those is one more replace. Each pass over the bytes counts
+    control characters (ANSI colours, backspaces): each that occurs is one more replace.
+    Each pass over the bytes counts
     (profiled: a few tenths of a ms per MiB each on a stream of short lines), so the line
     count comes from the replace's length, the pieces are joined once (``a + b + c``
-    copies a 2 MiB result twice) and blank lines are found by their whole event."""
+    copies a 2 MiB result twice), and which control bytes occur and whether a line is
+    blank are asked of ``bytescan`` (one SIMD pass each where it can)."""
     if not region:
         return b"", 0
     ascii_only = region.isascii()  # valid UTF-8 already: no decode needed (a copy)
@@ -167,9 +165,8 @@ def encode_region_counted(type_: str, region: bytes, *, frames: bool = False
         except UnicodeDecodeError:
             region = region.decode(errors="replace").encode()
     escaped = region.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
-    for code in _CONTROL_CODES:  # one memchr each: 2x faster than one translate pass
-        if code in region:
-            escaped = escaped.replace(bytes((code,)), _CONTROL_ESCAPES[code])
+    for code in bytescan.controls_in(region):
+        escaped = escaped.replace(bytes((code,)), _CONTROL_ESCAPES[code])
     if not ascii_only:
         for utf8, esc in _BREAKERS_UTF8:
             escaped = escaped.replace(utf8, esc)
@@ -184,9 +181,9 @@ def encode_region_counted(type_: str, region: bytes, *, frames: bool = False
     # A blank line's event has the empty text so far: its text is "\n". That whole event
     # (this region's timestamp, the empty text) cannot occur otherwise, since every quote of
     # the output's text is escaped. Whether there is one at all is asked of the region
-    # (``re``'s literal search: 0.31-0.43 ms per MiB against 0.40-1.03 for the event in the
-    # output, whose head half-matches at every line, and 0.9 for ``bytes.find``).
-    if region[:1] == b"\n" or _BLANK_LINE.search(region) is not None:
+    # (bytescan; searching the output for the event is slower: its head half-matches at
+    # every line).
+    if bytescan.has_blank_line(region):
         out = out.replace(head + b'"}', head + b'\\n"}')
     return out, lines
 

@@ -40,7 +40,7 @@ EXECD_DISTRIBUTIONS = (
     "starlette", "anyio", "sniffio", "idna", "h11",
     "websockets", "python-multipart", "jupyter_client", "pyzmq", "tornado", "traitlets",
     "jupyter_core", "platformdirs", "python-dateutil", "six", "psutil",
-    "typing_extensions", "wcmatch",
+    "typing_extensions", "wcmatch", "stringzilla",
     # the execd zygote's confinement steps (sandlot.execd.confine), host-side only
     "pyseccomp", "python-prctl",
 )
