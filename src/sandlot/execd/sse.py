@@ -129,9 +129,7 @@ def encode_data(event: Mapping[str, Any]) -> str:
 # Control characters JSON must escape, other than the line terminator; the short escapes
 # Python's JSON encoder uses, \u00XX for the rest (the same bytes it would write).
 _SHORT_ESCAPES = {0x08: b"\\b", 0x09: b"\\t", 0x0C: b"\\f", 0x0D: b"\\r"}
-_CONTROL_ESCAPES = {
-    c: _SHORT_ESCAPES.get(c, b"\\u%04x" % c) for c in range(0x20) if c != 0x0A
-}
+_CONTROL_ESCAPES = {c: _SHORT_ESCAPES.get(c, b"\\u%04x" % c) for c in bytescan.CONTROLS}
 _BREAKERS_UTF8 = tuple((ch.encode(), f"\\u{ord(ch):04x}".encode()) for ch in _LINE_BREAKERS)
 
 
@@ -151,11 +149,11 @@ def encode_region_counted(type_: str, region: bytes, *, frames: bool = False
     The whole region is escaped and cut into events with byte replaces (C speed) rather than
     a Python step per line, so a stream of many short lines stays cheap; that includes
     control characters (ANSI colours, backspaces): each that occurs is one more replace.
-    Each pass over the bytes counts
-    (profiled: a few tenths of a ms per MiB each on a stream of short lines), so the line
-    count comes from the replace's length, the pieces are joined once (``a + b + c``
-    copies a 2 MiB result twice), and which control bytes occur and whether a line is
-    blank are asked of ``bytescan`` (one SIMD pass each where it can)."""
+    Each pass over the bytes counts (profiled: a few tenths of a ms per MiB each on a stream
+    of short lines), so the line count comes from the replace's length, the pieces are
+    joined once (``a + b + c`` copies a 2 MiB result twice), and which control bytes occur
+    and whether a line is blank are asked of ``bytescan`` (one SIMD pass each where it
+    can)."""
     if not region:
         return b"", 0
     ascii_only = region.isascii()  # valid UTF-8 already: no decode needed (a copy)

@@ -57,6 +57,9 @@ def _loopback_up() -> None:
         fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
 
 
+_reserve_warned = False  # a read-only /proc/sys is reported once per server
+
+
 def _reserve_ports(ports: tuple[int, ...]) -> None:
     """Keep ``ports`` out of automatic local port choice in the calling thread's namespace
     (``/proc/sys/net`` shows the namespace of the thread that opens it).
@@ -77,9 +80,6 @@ def _reserve_ports(ports: tuple[int, ...]) -> None:
             log.warning("cannot reserve execd's port in sandbox network namespaces (%s): "
                         "polls before execd binds rely on the connector's self-connection "
                         "check and execd's bind retry alone", exc)
-
-
-_reserve_warned = False
 
 
 class _Stranded(Exception):
