@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import getpass
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +34,7 @@ class Execd:
     endpoint: str
     proc: subprocess.Popen[bytes]
     workdir: str
+    started: float = 0.0  # time.time() just before execd was started
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"X-EXECD-ACCESS-TOKEN": TOKEN},
@@ -39,8 +43,13 @@ class Execd:
 
 def start_execd(env_extra: dict[str, str], preexec: list[str] | None = None) -> Execd:
     port = free_port()
+    started = time.time() - 1.0  # file times are coarser than this clock
     workdir = tempfile.mkdtemp(prefix="sandlot-code-test-")
-    env = {**os.environ, "SANDLOT_CODE_READY_PORT": "0", **env_extra}
+    # What execd and its kernels put in the temp dir (the Java runner's classes) goes with
+    # the workdir, not into the host's /tmp.
+    tmp = os.path.join(workdir, "tmp")
+    os.mkdir(tmp)
+    env = {**os.environ, "SANDLOT_CODE_READY_PORT": "0", "TMPDIR": tmp, **env_extra}
     argv = [sys.executable, str(Path(__file__).with_name("serve_code.py")), str(port), TOKEN,
             workdir]
     if preexec:
@@ -50,16 +59,16 @@ def start_execd(env_extra: dict[str, str], preexec: list[str] | None = None) -> 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            stop_execd(Execd(url, "", proc, workdir))
+            stop_execd(Execd(url, "", proc, workdir, started))
             raise RuntimeError(f"execd exited with {proc.returncode}")
         try:
             if httpx.get(url + "/ping", headers={"X-EXECD-ACCESS-TOKEN": TOKEN},
                          timeout=2).status_code == 200:
-                return Execd(url, f"127.0.0.1:{port}", proc, workdir)
+                return Execd(url, f"127.0.0.1:{port}", proc, workdir, started)
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
-    stop_execd(Execd(url, "", proc, workdir))
+    stop_execd(Execd(url, "", proc, workdir, started))
     raise RuntimeError("execd did not answer /ping")
 
 
@@ -81,9 +90,22 @@ def stop_execd(execd: Execd) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(tree, timeout=10)
-    import shutil
-
+    _remove_jvm_perf_files(execd.started)
     shutil.rmtree(execd.workdir, ignore_errors=True)
+
+
+def _remove_jvm_perf_files(since: float) -> None:
+    """A JVM that is killed (a kernel interrupted, deleted or stopped) leaves its
+    performance-data file behind, in /tmp whatever TMPDIR says (in a sandbox that is the
+    sandbox's /tmp, gone with it). Removed here: the files made since ``since`` whose
+    process is gone."""
+    perf_dir = Path("/tmp") / f"hsperfdata_{getpass.getuser()}"
+    with contextlib.suppress(OSError):
+        for entry in perf_dir.iterdir():
+            if (entry.name.isdigit() and not psutil.pid_exists(int(entry.name))
+                    and entry.stat().st_mtime >= since):
+                entry.unlink(missing_ok=True)
+        perf_dir.rmdir()  # kept while any other JVM's file is in it
 
 
 @pytest.fixture(scope="module")
