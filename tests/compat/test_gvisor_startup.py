@@ -15,14 +15,14 @@ import pytest
 from tests.compat.conftest import needs_backend
 
 
-def _path_without(binary: str) -> str:
-    """PATH with every directory that holds ``binary`` replaced by a copy without it."""
-    shadow = Path(tempfile.mkdtemp(prefix="slpath"))
+def _path_without(binary: str, shadow: Path) -> str:
+    """PATH with every directory that holds ``binary`` replaced by a copy without it (the
+    copies are made under ``shadow``, a test's own temporary directory)."""
     parts = []
     for d in os.environ.get("PATH", "").split(os.pathsep):
         if d and (Path(d) / binary).exists():
             copy = shadow / str(len(parts))
-            copy.mkdir()
+            copy.mkdir(parents=True)
             for f in Path(d).iterdir():
                 if f.name != binary:
                     (copy / f.name).symlink_to(f)
@@ -42,9 +42,9 @@ def gvisor_config(tmp_path: Path) -> Path:
     shutil.rmtree(data, ignore_errors=True)
 
 
-def test_serve_refuses_without_runsc(gvisor_config: Path) -> None:
+def test_serve_refuses_without_runsc(gvisor_config: Path, tmp_path: Path) -> None:
     needs_backend("runc")
-    env = {**os.environ, "PATH": _path_without("runsc")}
+    env = {**os.environ, "PATH": _path_without("runsc", tmp_path / "path")}
     assert shutil.which("runsc", path=env["PATH"]) is None
     p = subprocess.run([sys.executable, "-m", "sandlot", "serve", "--config", str(gvisor_config)],
                        env=env, capture_output=True, text=True, timeout=120)
@@ -67,9 +67,10 @@ def test_doctor_reports_this_host(gvisor_config: Path) -> None:
     assert "FAIL" not in p.stdout
 
 
-def test_doctor_fails_when_gvisor_configured_without_runsc(gvisor_config: Path) -> None:
+def test_doctor_fails_when_gvisor_configured_without_runsc(gvisor_config: Path,
+                                                            tmp_path: Path) -> None:
     needs_backend("runc")
-    env = {**os.environ, "PATH": _path_without("runsc"), "COLUMNS": "200"}
+    env = {**os.environ, "PATH": _path_without("runsc", tmp_path / "path"), "COLUMNS": "200"}
     p = subprocess.run([sys.executable, "-m", "sandlot", "doctor", "--config", str(gvisor_config)],
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 1, p.stdout

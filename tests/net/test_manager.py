@@ -11,13 +11,14 @@ import secrets
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from tests.net.testhosts import nsenter
 
 SCRIPT = textwrap.dedent('''
-    import asyncio, ipaddress, subprocess, sys, tempfile
+    import asyncio, ipaddress, subprocess, sys
     from pathlib import Path
     from sandlot.net.addressing import SandboxAddress
     from sandlot.net.policy import EgressPolicy
@@ -42,7 +43,7 @@ SCRIPT = textwrap.dedent('''
         return out.count(": goto")
 
     async def main():
-        data = Path(tempfile.mkdtemp())
+        data = Path(sys.argv[2])  # the test's own temporary directory
         cfg = Config.model_validate({"network": {"mode": "isolated",
                                                  "dns_servers": ["198.51.100.10"]}})
         mgr = await NetworkManager.open(cfg, data)
@@ -98,7 +99,7 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def test_failed_setup_and_restart_leave_nothing() -> None:
+def test_failed_setup_and_restart_leave_nothing(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root for network namespaces")
     tag = secrets.token_hex(3)
@@ -106,8 +107,8 @@ def test_failed_setup_and_restart_leave_nothing() -> None:
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         subprocess.run(nsenter(ns, "ip", "link", "set", "lo", "up"), check=True)
-        r = subprocess.run(nsenter(ns, sys.executable, "-c", SCRIPT, tag), capture_output=True,
-                           text=True, timeout=120)
+        r = subprocess.run(nsenter(ns, sys.executable, "-c", SCRIPT, tag, str(tmp_path)),
+                           capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
     finally:
         subprocess.run(["ip", "netns", "delete", ns], check=False)
