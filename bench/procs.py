@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import resource
 import time
@@ -136,7 +135,9 @@ def self_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+# The C library already loaded into this interpreter (``find_library`` would run ldconfig
+# at import to find it again).
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def process_cpu_seconds(pid: int) -> float | None:

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,7 +34,9 @@ class Execd:
     endpoint: str
     proc: subprocess.Popen[bytes]
     workdir: str
-    started: float = 0.0  # time.time() just before execd was started
+    # time.time() a little before execd was started (file times are coarser than this
+    # clock): its JVMs' files are newer than this.
+    started: float = field(default_factory=lambda: time.time() - 1.0)
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"X-EXECD-ACCESS-TOKEN": TOKEN},
@@ -43,7 +45,7 @@ class Execd:
 
 def start_execd(env_extra: dict[str, str], preexec: list[str] | None = None) -> Execd:
     port = free_port()
-    started = time.time() - 1.0  # file times are coarser than this clock
+    started = time.time() - 1.0  # see Execd.started
     workdir = tempfile.mkdtemp(prefix="sandlot-code-test-")
     # What execd and its kernels put in the temp dir (the Java runner's classes) goes with
     # the workdir, not into the host's /tmp.
