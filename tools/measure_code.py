@@ -84,10 +84,11 @@ class Target:
 Runner = Callable[[], Awaitable[None]]
 
 
-async def _timed(target: Target, runs: int, one: Runner,
-                 kernel: int | None = None) -> tuple[list[float], list[float]]:
+async def _timed(target: Target, runs: int, one: Runner, kernel: int | None = None,
+                 between: Runner | None = None) -> tuple[list[float], list[float]]:
     """(wall seconds per run, CPU ms per run of server, execd, kernel, client); with
-    ``kernel``, that pid's CPU is the kernel column (the host kernel of ``direct``)."""
+    ``kernel``, that pid's CPU is the kernel column (the host kernel of ``direct``); with
+    ``between``, that runs untimed after each run (its client CPU counts in the column)."""
     def sample() -> tuple[float, ...]:
         server, execd, kern, client = target.sample()
         return (0.0, 0.0, _cpu(kernel), client) if kernel else (server, execd, kern, client)
@@ -100,6 +101,8 @@ async def _timed(target: Target, runs: int, one: Runner,
         t0 = time.perf_counter()
         await one()
         walls.append(time.perf_counter() - t0)
+        if between is not None:
+            await between()
     after = sample()
     return walls, [(a - b) * 1e3 / runs for a, b in zip(after, before, strict=True)]
 
@@ -112,9 +115,12 @@ def _report(name: str, walls: list[float], cpu: list[float], base: float | None)
           f"execd {cpu[1]:.2f} kernel {cpu[2]:.2f} client {cpu[3]:.2f}", flush=True)
 
 
-async def _rounds(targets: dict[str, Target], rounds: int, runs: int, cold: int) -> None:
+async def _rounds(targets: dict[str, Target], rounds: int, runs: int, cold: int,
+                  interleave: bool = False) -> None:
     """``rounds`` rounds of: direct, then raw and SDK runs against each target (the order
-    of targets and of raw/SDK reversed every other round)."""
+    of targets and of raw/SDK reversed every other round). ``interleave``: each sandbox
+    run is followed by an untimed direct run, as ``bench code`` alternates them request by
+    request (its processes then wait idle between runs, their caches taken by the other)."""
     config = ConnectionConfig(request_timeout=timedelta(seconds=60))
     jb = JupyterBaseline()
     jb.start()
@@ -144,7 +150,8 @@ async def _rounds(targets: dict[str, Target], rounds: int, runs: int, cold: int)
                 target, raw, sdk, _codes, _ctx = runners[label]
                 order = [("raw", raw), ("sdk", sdk)]
                 for name, one in order if i % 2 == 0 else order[::-1]:
-                    walls, cpu = await _timed(target, runs, one)
+                    walls, cpu = await _timed(target, runs, one,
+                                              between=direct if interleave else None)
                     _report(f"{label} {name}", walls, cpu, base)
         if cold:
             for label, (_t, _r, _s, codes, _c) in runners.items():
@@ -233,7 +240,8 @@ def _start_execd(tmp: Path, src: str | None) -> tuple[psutil.Popen, Target]:
     return proc, Target(f"127.0.0.1:{port}", {"X-EXECD-ACCESS-TOKEN": token}, None, proc.pid)
 
 
-def _standalone(rounds: int, runs: int, cold: int, old_src: str | None) -> None:
+def _standalone(rounds: int, runs: int, cold: int, old_src: str | None,
+                interleave: bool) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="measure-code-"))
     procs: list[psutil.Popen] = []
     targets: dict[str, Target] = {}
@@ -241,7 +249,7 @@ def _standalone(rounds: int, runs: int, cold: int, old_src: str | None) -> None:
         for label, src in [("new", None), *([("old", old_src)] if old_src else [])]:
             proc, targets[label] = _start_execd(tmp / label, src)
             procs.append(proc)
-        asyncio.run(_rounds(targets, rounds, runs, cold))
+        asyncio.run(_rounds(targets, rounds, runs, cold, interleave))
     finally:
         for proc in procs:
             for child in proc.children(recursive=True):
@@ -251,7 +259,8 @@ def _standalone(rounds: int, runs: int, cold: int, old_src: str | None) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def _in_sandbox(server: SandlotServer, rounds: int, runs: int, cold: int) -> None:
+async def _in_sandbox(server: SandlotServer, rounds: int, runs: int, cold: int,
+                      interleave: bool) -> None:
     sandboxes = Sandboxes(server, uuid.uuid4().hex[:8])
     sandbox, _ = await sandboxes.create("code-interpreter", ready_timeout=120.0)
     try:
@@ -262,7 +271,7 @@ async def _in_sandbox(server: SandlotServer, rounds: int, runs: int, cold: int) 
             raise RuntimeError(f"expected one execd for {sandbox.id}, found {pids}")
         endpoint = await sandbox.get_endpoint(44772)
         target = Target(endpoint.endpoint, dict(endpoint.headers or {}), server.pid, pids[0])
-        await _rounds({"sandbox": target}, rounds, runs, cold)
+        await _rounds({"sandbox": target}, rounds, runs, cold, interleave)
     finally:
         await sandboxes.delete(sandbox)
         await sandboxes.aclose()
@@ -276,14 +285,16 @@ def main() -> None:
     parser.add_argument("--standalone", action="store_true")
     parser.add_argument("--old-src", help="with --standalone: a second execd from this src "
                         "directory (e.g. main's), alternated with this tree's")
+    parser.add_argument("--interleave", action="store_true",
+                        help="a direct run after each sandbox run, as bench code alternates")
     opts = parser.parse_args()
     if opts.standalone:
-        _standalone(opts.rounds, opts.runs, opts.cold, opts.old_src)
+        _standalone(opts.rounds, opts.runs, opts.cold, opts.old_src, opts.interleave)
         return
     server = SandlotServer(warm_pool_size=1)
     server.start()
     try:
-        asyncio.run(_in_sandbox(server, opts.rounds, opts.runs, opts.cold))
+        asyncio.run(_in_sandbox(server, opts.rounds, opts.runs, opts.cold, opts.interleave))
     finally:
         server.stop()
         server.remove()
