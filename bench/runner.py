@@ -8,6 +8,7 @@ import logging
 import os
 import secrets
 import signal
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -24,10 +25,12 @@ from bench.sdk import Sandboxes
 from bench.server import (
     DEFAULT_IMAGE_CACHE,
     SandlotServer,
+    data_dir_base,
     ensure_image,
     leftovers,
     reap_leftovers,
 )
+from sandlot import hostfs
 
 # Benchmarks that need longer than one bench's bound: density's many sandboxes, network's four
 # servers of its own, kubernetes' image loading into the node and its two servers (cold, then
@@ -191,7 +194,16 @@ def _describe_host(opts: Options) -> dict[str, object]:
         "image_cache": str(opts.image_cache),
         "runtime_toml": os.environ.get("SANDLOT_BENCH_RUNTIME_TOML", ""),
         "bursts": os.environ.get("SANDLOT_BENCH_BURSTS", ""),
+        "servers_data_dirs": _data_dir_fs(),
     }
+
+
+def _data_dir_fs() -> str:
+    """Where the bench servers' data dirs go and whether that is journal-less ext4, which
+    slows creates after deletes (``sandlot.hostfs``): the create rows depend on it."""
+    base = Path(data_dir_base() or tempfile.gettempdir())
+    device = hostfs.ext4_without_journal(base)
+    return f"{base}: ext4 without a journal (/dev/{device})" if device else f"{base}"
 
 
 def _sigterm_as_interrupt(signum: int, frame: object) -> None:

@@ -118,7 +118,7 @@ class SandlotServer:
         return self.proc.pid
 
     def start(self, timeout: float = 60.0) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="sandlot-bench-", dir=_tmp_base()))
+        self.root = Path(tempfile.mkdtemp(prefix="sandlot-bench-", dir=data_dir_base()))
         self.data_dir.mkdir(mode=0o700)  # sandlot serve refuses a data dir others can reach
         images = self.image_cache / "images"
         images.mkdir(parents=True, exist_ok=True)
@@ -209,8 +209,9 @@ class SandlotServer:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _tmp_base() -> str | None:
-    # /tmp may be a small tmpfs; the 1 GiB file benchmark wants a real disk.
+def data_dir_base() -> str | None:
+    """Where the servers' data dirs are made (None: the temp dir). Not /tmp, which may be a
+    small tmpfs: the 1 GiB file benchmark wants a real disk."""
     for candidate in (os.environ.get("SANDLOT_BENCH_TMP"), "/var/tmp"):
         if candidate and os.path.isdir(candidate):
             return candidate

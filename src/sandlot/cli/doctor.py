@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from sandlot import hostfs
 from sandlot.config import Config
 from sandlot.errors import RuntimeFailure
 from sandlot.net import hostmode
@@ -293,12 +294,23 @@ def check_data_dir(data_dir: Path) -> Check:
     return Check("data dir", True, detail, required=True)
 
 
+def check_data_dir_journal(data_dir: Path) -> Check | None:
+    """A warning when the data dir is on ext4 without a journal (``sandlot.hostfs``)."""
+    probe = data_dir if data_dir.exists() else next(
+        (p for p in data_dir.parents if p.exists()), Path("/"))
+    device = hostfs.ext4_without_journal(probe)
+    if device is None:
+        return None
+    return Check("data dir journal", False, hostfs.journal_advice(data_dir, device),
+                 hostfs.JOURNAL_FIX)
+
+
 def run_checks(cfg: Config) -> list[Check]:
     steps: list[Callable[[], Check | list[Check] | None]] = [
         lambda: check_runtimes(cfg), check_cgroups, lambda: check_overlay(cfg.data_dir),
         check_userns, check_network, lambda: check_network_mode(cfg),
         lambda: check_docker(cfg), lambda: check_kubernetes(cfg),
-        lambda: check_data_dir(cfg.data_dir),
+        lambda: check_data_dir(cfg.data_dir), lambda: check_data_dir_journal(cfg.data_dir),
     ]
     checks: list[Check] = []
     for step in steps:

@@ -11,7 +11,7 @@ import sys
 
 import uvicorn
 
-from sandlot import datadir, logsetup
+from sandlot import datadir, hostfs, logsetup
 from sandlot.config import API_KEY_ENV, Config
 from sandlot.errors import SandlotError
 from sandlot.http_deadlines import deadline_protocol
@@ -100,11 +100,25 @@ async def open_runtime(cfg: Config) -> Runtime:
     return runtime
 
 
+def warn_about_data_dir_fs(cfg: Config) -> None:
+    """Log a warning when the oci runtime's data dir is on ext4 without a journal (see
+    ``sandlot.hostfs``): a choice of the host's, slow for creates after deletes."""
+    if cfg.runtime.type != "oci":
+        return
+    try:
+        device = hostfs.ext4_without_journal(cfg.data_dir)
+    except OSError:
+        return
+    if device is not None:
+        log.warning("%s; %s", hostfs.journal_advice(cfg.data_dir, device), hostfs.JOURNAL_FIX)
+
+
 async def _serve(cfg: Config) -> int:
     from sandlot.server.app import create_app
 
     try:
         datadir.prepare(cfg.data_dir)
+        warn_about_data_dir_fs(cfg)
         runtime = await open_runtime(cfg)
     except SandlotError as exc:
         print(f"sandlot serve: {exc.message}", file=sys.stderr)
