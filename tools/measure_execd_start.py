@@ -1,7 +1,8 @@
 """CPU of one execd's start as the zygote forks it: from ``fork()`` to its first ``/ping``.
 
 Runs the zygote's preparation (``sandlot.execd.zygote.prepare``) in this process, then
-``--n`` times: forks an execd (no sandbox: a unix socket under /tmp, a fixed token),
+``--n`` times: forks an execd (no sandbox: a unix socket and its temp dir in a folder of this
+tool's, removed at the end, since a killed execd leaves its state dir there; a fixed token),
 connects as soon as it listens, sends ``/ping``, and reads the child's CPU from
 ``/proc/<pid>/schedstat`` (nanoseconds; ``/proc/<pid>/stat`` counts whole 10 ms ticks, which
 lose most of a start) and its USS, then kills it. The fork's page-table copy is the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -37,8 +39,9 @@ def _uss_mb(pid: int) -> float:
     return sum(int(ln.split()[1]) for ln in rollup if ln.startswith("Private_")) / 1e3
 
 
-def _child(sock_path: str, token_fd: int, profile: str | None) -> None:
+def _child(sock_path: str, temp_dir: str, token_fd: int, profile: str | None) -> None:
     os.dup2(token_fd, 0)
+    tempfile.tempdir = temp_dir  # execd makes its state dir there, as in a sandbox's /tmp
     from sandlot.execd.main import main as execd_main
 
     if profile:
@@ -84,30 +87,31 @@ def main() -> None:
     cpus: list[float] = []
     usses: list[float] = []
     walls: list[float] = []
-    for i in range(a.n):
-        sock_path = tempfile.mktemp(prefix="execd-start", suffix=".sock", dir="/tmp")  # noqa: S306
-        r, w = os.pipe()
-        t0 = time.perf_counter()
-        pid = os.fork()
-        if pid == 0:
+    work = Path(tempfile.mkdtemp(prefix="measure-execd-start-"))
+    try:
+        for i in range(a.n):
+            sock_path = str(work / f"{i}.sock")
+            r, w = os.pipe()
+            t0 = time.perf_counter()
+            pid = os.fork()
+            if pid == 0:
+                os.close(w)
+                _child(sock_path, str(work), r, a.profile if i == a.n - 1 else None)
+            os.close(r)
+            os.write(w, b"token")
             os.close(w)
-            _child(sock_path, r, a.profile if i == a.n - 1 else None)
-        os.close(r)
-        os.write(w, b"token")
-        os.close(w)
-        try:
-            _ping(sock_path)
-            walls.append((time.perf_counter() - t0) * 1e3)
-            if a.profile and i == a.n - 1:
-                time.sleep(1.5)
-            cpus.append(_cpu_ms(pid))
-            usses.append(_uss_mb(pid))
-        finally:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            with_suffix = Path(sock_path)
-            if with_suffix.exists():
-                with_suffix.unlink()
+            try:
+                _ping(sock_path)
+                walls.append((time.perf_counter() - t0) * 1e3)
+                if a.profile and i == a.n - 1:
+                    time.sleep(1.5)
+                cpus.append(_cpu_ms(pid))
+                usses.append(_uss_mb(pid))
+            finally:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     cpus, usses, walls = cpus[2:], usses[2:], walls[2:]
     print(f"{len(cpus)} execds: CPU p50 {statistics.median(cpus):.2f} ms (min {min(cpus):.2f}, "
           f"max {max(cpus):.2f}); fork to /ping answered p50 {statistics.median(walls):.2f} "

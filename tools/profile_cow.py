@@ -17,6 +17,7 @@ import argparse
 import bisect
 import gc
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -144,12 +145,16 @@ def main() -> None:
     ref = os.fork()
     if ref == 0:
         signal_pause()
-    sock_path = tempfile.mktemp(prefix="cow", suffix=".sock", dir="/tmp")  # noqa: S306
+    # The socket and the child's temp dir (execd's state dir, which a killed execd leaves)
+    # go in a folder of this tool's, removed at the end.
+    work = tempfile.mkdtemp(prefix="profile-cow-")
+    sock_path = os.path.join(work, "execd.sock")
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(w)
         os.dup2(r, 0)
+        tempfile.tempdir = work
         from sandlot.execd.main import main as execd_main
 
         if a.seccomp:  # the filter a forked execd builds from its plan (not loaded here)
@@ -229,7 +234,7 @@ def main() -> None:
         for child in (pid, ref):
             os.kill(child, 9)
             os.waitpid(child, 0)
-        os.unlink(sock_path)
+        shutil.rmtree(work, ignore_errors=True)
     print(f"pages written by the child: {total} ({total * PAGE / 1e6:.2f} MB)")
     for region, n in by_region.most_common():
         print(f"  {region:60s} {n * PAGE / 1e6:6.2f} MB")

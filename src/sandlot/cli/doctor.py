@@ -275,9 +275,14 @@ def check_kubernetes(cfg: Config) -> list[Check] | None:
             for f in asyncio.run(cluster_findings(cfg))]
 
 
-def check_data_dir(data_dir: Path) -> Check:
-    probe = data_dir if data_dir.exists() else next(
+def _nearest_existing(data_dir: Path) -> Path:
+    """The data dir, or its nearest existing parent (doctor may run before the first start)."""
+    return data_dir if data_dir.exists() else next(
         (p for p in data_dir.parents if p.exists()), Path("/"))
+
+
+def check_data_dir(data_dir: Path) -> Check:
+    probe = _nearest_existing(data_dir)
     st = os.statvfs(probe)
     free = st.f_bavail * st.f_frsize
     fstype, best = "?", ""
@@ -296,9 +301,7 @@ def check_data_dir(data_dir: Path) -> Check:
 
 def check_data_dir_journal(data_dir: Path) -> Check | None:
     """A warning when the data dir is on ext4 without a journal (``sandlot.hostfs``)."""
-    probe = data_dir if data_dir.exists() else next(
-        (p for p in data_dir.parents if p.exists()), Path("/"))
-    device = hostfs.ext4_without_journal(probe)
+    device = hostfs.ext4_without_journal(_nearest_existing(data_dir))
     if device is None:
         return None
     return Check("data dir journal", False, hostfs.journal_advice(data_dir, device),
