@@ -10,6 +10,12 @@ because it is contended or because it is simply that much work shows here.
     .venv/bin/python tools/measure_burst_cpu.py --pool 10 --level 100
     .venv/bin/python tools/measure_burst_cpu.py --pool 0 --level 1 --rounds 40
 
+``--threads`` also splits the server's own CPU by thread: its main thread (the event loop,
+which every request and every create's steps on the server share: on a host with more
+cores its time per create bounds how many creates a second the server can make, however
+many cores the containers get) with its user and kernel shares, and its other threads
+together (CPython gives its threads no names the kernel shows, so they are not told apart).
+
 ``--deletes`` then also deletes every sandbox the run made (8 at a time, as the bench's
 ``delete_all``) and reports the same split per delete, the background removals included
 (a few seconds' wait): what a delete costs with that many sandboxes on the host. Processes
@@ -59,6 +65,38 @@ def _live_ms(pids: list[int]) -> float:
     return sum(procs.process_cpu_seconds(pid) or 0.0 for pid in pids) * 1e3
 
 
+def _thread_times(pid: int) -> dict[int, tuple[float, int, int]]:
+    """Per live thread of ``pid``: (CPU ms from ``schedstat`` (nanoseconds), user ticks,
+    system ticks). Ticks are fine here: they are summed over a whole run of one
+    thread. Threads that ended meanwhile are missing, with their CPU."""
+    found = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            base = Path(f"/proc/{pid}/task/{tid}")
+            stat = (base / "stat").read_text()
+            ns = int((base / "schedstat").read_text().split()[0])
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        found[int(tid)] = (ns / 1e6, int(fields[11]), int(fields[12]))
+    return found
+
+
+def _thread_split(pid: int, n: int, before: dict[int, tuple[float, int, int]]) -> str:
+    after = _thread_times(pid)
+    tick_ms = 1e3 / HZ
+    main_after, main_before = after[pid], before[pid]
+    user = (main_after[1] - main_before[1]) * tick_ms / n
+    system = (main_after[2] - main_before[2]) * tick_ms / n
+    lines = [f"server main thread per create: {(main_after[0] - main_before[0]) / n:.1f} ms "
+             f"(user {user:.1f}, kernel {system:.1f}; ticks)"]
+    others = sum(ms - (before[tid][0] if tid in before else 0.0)
+                 for tid, (ms, _, _) in after.items() if tid != pid)
+    lines.append(f"  its other threads (database, tools, namespace maker) together: "
+                 f"{others / n:.1f} ms per create")
+    return "\n".join(lines)
+
+
 def _tree_ms(root: int) -> float:
     """Own CPU of ``root`` and its live descendants, plus ``root``'s reaped children (summed
     by the kernel before the one conversion to ticks, so not truncated per child)."""
@@ -106,7 +144,7 @@ def _split(label: str, n: int, server: int, zygote: int,
             f"inits {inits:.1f} + rest {machine - own - reaped - zyg - client - inits:.1f}")
 
 
-async def measure(pool: int, level: int, rounds: int, deletes: bool) -> None:
+async def measure(pool: int, level: int, rounds: int, deletes: bool, threads: bool) -> None:
     server = SandlotServer(warm_pool_size=pool)
     await asyncio.to_thread(server.start)
     assert server.proc is not None
@@ -117,6 +155,7 @@ async def measure(pool: int, level: int, rounds: int, deletes: bool) -> None:
         await asyncio.sleep(4)  # the pool refilled
         zygote = _zygote(server.proc.pid)
         before = _snapshot(server.proc.pid, zygote)
+        threads_before = _thread_times(server.proc.pid)
         t0 = time.perf_counter()
         latencies: list[float] = []
         for _ in range(rounds):
@@ -125,6 +164,8 @@ async def measure(pool: int, level: int, rounds: int, deletes: bool) -> None:
         wall = (time.perf_counter() - t0) * 1e3
         n = level * rounds
         creates = _split("create", n, server.proc.pid, zygote, before)
+        if threads:  # threads that ended during the run (tool threads) took their CPU along
+            creates += "\n" + _thread_split(server.proc.pid, n, threads_before)
         if deletes:
             alive = len(boxes.live)
             before = _snapshot(server.proc.pid, zygote)
@@ -151,8 +192,9 @@ def main() -> None:
     ap.add_argument("--level", type=int, default=100, help="creates at once")
     ap.add_argument("--rounds", type=int, default=1, help="bursts, one after the other")
     ap.add_argument("--deletes", action="store_true", help="then delete them all (see above)")
+    ap.add_argument("--threads", action="store_true", help="split the server's CPU by thread")
     a = ap.parse_args()
-    asyncio.run(measure(a.pool, a.level, a.rounds, a.deletes))
+    asyncio.run(measure(a.pool, a.level, a.rounds, a.deletes, a.threads))
 
 
 if __name__ == "__main__":
