@@ -46,7 +46,7 @@ def run(server: SandlotServer, sandbox_id: str, command: str) -> str:
 def server(fresh_server: SandlotServer) -> Iterator[SandlotServer]:
     yield fresh_server
     assert fresh_server.k8s is not None
-    print(fresh_server.log_tail(200000), file=open("/tmp/k8s-last-server.log", "w"))
+    print(fresh_server.log_tail(200000))  # captured: shown with a failure, nothing left on disk
     fresh_server.delete_all_sandboxes()
     cluster = fresh_server.k8s
     deadline = time.monotonic() + 120
