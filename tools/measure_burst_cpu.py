@@ -155,7 +155,7 @@ async def measure(pool: int, level: int, rounds: int, deletes: bool, threads: bo
         await asyncio.sleep(4)  # the pool refilled
         zygote = _zygote(server.proc.pid)
         before = _snapshot(server.proc.pid, zygote)
-        threads_before = _thread_times(server.proc.pid)
+        threads_before = _thread_times(server.proc.pid) if threads else {}
         t0 = time.perf_counter()
         latencies: list[float] = []
         for _ in range(rounds):
