@@ -11,7 +11,9 @@ and one log line per address and minute), so the cluster's other Pods cannot use
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -24,6 +26,10 @@ log = logging.getLogger(__name__)
 # The filter of the sandbox at a Pod IP (None: none of ours).
 FilterOf = Callable[[str], Awaitable[DnsFilter | None]]
 REFUSED_LOG_EVERY = 60.0
+# Linux's IP_FREEBIND and IPV6_FREEBIND (<linux/in.h>, <linux/in6.h>): Python 3.11's socket
+# module names neither.
+IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)
+IPV6_FREEBIND = 78
 
 
 def refused(data: bytes) -> bytes | None:
@@ -46,14 +52,33 @@ class PodDnsServer(asyncio.DatagramProtocol):
         self._tasks: set[asyncio.Task[None]] = set()
         self._refused_logged: dict[str, float] = {}
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int) -> bool:
+        """Listen on ``host:port`` (UDP and TCP); whether ``host`` is on one of this host's
+        interfaces now.
+
+        The sockets are bound with ``IP_FREEBIND``, so an address that is not there yet is
+        no failure: a node's Pod bridge (where Pods reach a server outside the cluster) gets
+        its address with the node's first Pod, and queries arrive once it has it."""
+        family, address = _listen_address(host, port)
+        present = _is_local(family, address)
         loop = asyncio.get_running_loop()
-        await loop.create_datagram_endpoint(lambda: self, local_addr=(host, port))
+        udp = _bound_socket(family, socket.SOCK_DGRAM, address)
         try:
-            self.tcp = await asyncio.start_server(self._serve_tcp, host, port)
+            await loop.create_datagram_endpoint(lambda: self, sock=udp)
+        except BaseException:
+            udp.close()
+            raise
+        try:
+            tcp = _bound_socket(family, socket.SOCK_STREAM, address)
+            try:
+                self.tcp = await asyncio.start_server(self._serve_tcp, sock=tcp)
+            except BaseException:
+                tcp.close()
+                raise
         except BaseException:
             self.close()
             raise
+        return present
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Not isinstance(asyncio.DatagramTransport): uvloop's transports are not.
@@ -108,3 +133,41 @@ class PodDnsServer(asyncio.DatagramProtocol):
             self.tcp.close()
         for task in list(self._tasks):
             task.cancel()
+
+
+def _listen_address(host: str, port: int) -> tuple[int, tuple[str, int]]:
+    """(family, socket address) of a listen host (an address, a name, or empty: all)."""
+    info = socket.getaddrinfo(host or None, port, type=socket.SOCK_DGRAM,
+                              flags=socket.AI_PASSIVE)[0]
+    return info[0], (str(info[4][0]), int(info[4][1]))
+
+
+def _is_local(family: int, address: tuple[str, int]) -> bool:
+    """Whether ``address`` can be bound without ``IP_FREEBIND`` (it is on an interface)."""
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((address[0], 0))
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return False
+            raise
+    return True
+
+
+def _bound_socket(family: int, kind: int, address: tuple[str, int]) -> socket.socket:
+    sock = socket.socket(family, kind)
+    try:
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, IPV6_FREEBIND, 1)
+        else:
+            sock.setsockopt(socket.IPPROTO_IP, IP_FREEBIND, 1)
+        if kind == socket.SOCK_STREAM:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        if kind == socket.SOCK_STREAM:
+            sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

@@ -85,10 +85,14 @@ class PodEgress:
             f"{self.cfg.kubernetes.dns_filter_address}:{netpolicy.DNS_PORT}"
         host, _, port = listen.rpartition(":")
         try:
-            await self.server.start(host.strip("[]"), int(port))
+            present = await self.server.start(host.strip("[]"), int(port))
         except (OSError, ValueError) as exc:
             raise RuntimeFailure(f"[kubernetes] the DNS filter cannot listen on {listen}: "
                                  f"{exc}") from exc
+        if not present:
+            log.warning("dns filter: %s is on no interface of this host yet; listening on it "
+                        "anyway (a node's Pod bridge gets its address with its first Pod): "
+                        "sandbox Pods' names resolve once it is there", listen)
         if not self.upstreams:
             log.warning("dns filter: no upstream resolvers (none in /etc/resolv.conf and no "
                         "[network] dns_servers): sandboxes' names will not resolve")
