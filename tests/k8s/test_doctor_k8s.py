@@ -53,3 +53,17 @@ def test_doctor_states_the_egress_guarantees(k8s_cluster: Cluster, tmp_path: Pat
     assert "all the runtime needs" in out  # NetworkPolicy rights checked too
     out = flat(doctor(tmp_path, k8s_cluster.config_toml(dns_filter_address="198.19.0.1")).stdout)
     assert "policies that deny by address are refused" in out, out
+
+
+def test_doctor_warns_of_a_dns_filter_address_not_on_this_host(k8s_cluster: Cluster,
+                                                              tmp_path: Path) -> None:
+    """An address the host does not have (yet) is a warning, not a failure: the server
+    listens on it anyway (a node's Pod bridge gets its address with its first Pod)."""
+    absent = flat(doctor(tmp_path, k8s_cluster.config_toml(
+        dns_filter_address="198.51.100.77")).stdout)
+    assert "DNS filter address warn 198.51.100.77 is on no interface of this host" in absent, \
+        absent
+    assert "DNS filter address * FAIL" not in absent
+    here = flat(doctor(tmp_path, k8s_cluster.config_toml(
+        dns_filter_address="198.19.0.1", dns_filter_listen="127.0.0.1:5353")).stdout)
+    assert "DNS filter address * ok listens on 127.0.0.1:5353" in here, here

@@ -65,9 +65,67 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+EGRESS_SCRIPT = textwrap.dedent('''
+    import asyncio, logging, subprocess
+    from types import SimpleNamespace
+    from kubernetes_asyncio import client
+    from sandlot.config import Config
+    from sandlot.runtime.kubernetes.egress import PodEgress
+
+    LATE = "198.51.100.54"
+    records = []
+    logger = logging.getLogger("sandlot.runtime.kubernetes.egress")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(
+        type("H", (logging.Handler,), {"emit": lambda self, r: records.append(r)})())
+
+    def pod(ip):
+        return SimpleNamespace(metadata=SimpleNamespace(name="p", annotations={},
+                                                        deletion_timestamp=None),
+                               status=SimpleNamespace(pod_ip=ip))
+
+    async def lookup(ip):
+        return None
+
+    async def main():
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        cfg = Config.model_validate({"server": {"api_key": "k"},
+                                     "runtime": {"type": "kubernetes"},
+                                     "egress": {"mode": "dns"},
+                                     "kubernetes": {"dns_filter_address": LATE}})
+        async with client.ApiClient() as api:
+            egress = PodEgress(cfg, api, "o", lambda sid: {}, lookup)
+            await egress.start()  # no cluster call in mode dns
+            assert egress.listen_address_absent
+            egress.note("ADDED", "sbx-1", pod("198.51.100.99"))  # still absent: an error
+            assert egress.listen_address_absent
+            assert [r.levelname for r in records if r.levelno >= logging.WARNING] == \
+                ["WARNING", "ERROR"], records
+            subprocess.run(["ip", "addr", "add", LATE + "/32", "dev", "lo"], check=True)
+            egress.note("MODIFIED", "sbx-1", pod("198.51.100.99"))
+            assert not egress.listen_address_absent
+            assert records[-1].levelname == "INFO" and "on an interface now" in \
+                records[-1].getMessage(), records
+            await egress.close()
+        print("ok")
+
+    asyncio.run(main())
+''')
+
+
 def test_listens_on_an_address_that_appears_later() -> None:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare (util-linux) for a namespace of its own")
     r = subprocess.run(["unshare", "--net", sys.executable, "-c", SCRIPT],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+def test_egress_reports_when_the_listen_address_appears() -> None:
+    """The runtime's egress part: a warning at start, an error when sandbox Pods run and
+    the address is still absent, a note once it is there."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (util-linux) for a namespace of its own")
+    r = subprocess.run(["unshare", "--net", sys.executable, "-c", EGRESS_SCRIPT],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

@@ -271,7 +271,7 @@ def check_kubernetes(cfg: Config) -> list[Check] | None:
 
     from sandlot.runtime.kubernetes.checks import cluster_findings
 
-    return [Check(f.name, f.ok, f.detail, f.fix, required=True)
+    return [Check(f.name, f.ok, f.detail, f.fix, required=f.required)
             for f in asyncio.run(cluster_findings(cfg))]
 
 

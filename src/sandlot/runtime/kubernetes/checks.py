@@ -12,6 +12,7 @@ from sandlot.config import Config
 from sandlot.errors import RuntimeFailure
 from sandlot.runtime.kubernetes import netpolicy
 from sandlot.runtime.kubernetes.apierror import explain
+from sandlot.runtime.kubernetes.dnsfilter import listen_host_is_local
 from sandlot.runtime.kubernetes.runtime import api_client
 
 # (API group, resource, subresource, verbs) the runtime uses in its namespace.
@@ -33,6 +34,7 @@ class Finding:
     ok: bool
     detail: str
     fix: str = ""
+    required: bool = True  # False: a warning, doctor still passes
 
 
 async def cluster_findings(cfg: Config) -> list[Finding]:
@@ -77,6 +79,8 @@ async def cluster_findings(cfg: Config) -> list[Finding]:
             found.append(await _node_cache_finding(auth, kcfg.node_cache_dir))
         # What egress policies guarantee here (informational: every answer is a valid set-up).
         found.append(Finding("egress policies", True, netpolicy.guarantees(cfg)))
+        if netpolicy.filter_configured(cfg):
+            found.append(dns_listen_finding(cfg))
         runtime_class = cfg.secure_runtime.k8s_runtime_class
         if runtime_class:
             try:
@@ -106,3 +110,24 @@ async def _node_cache_finding(auth: client.AuthorizationV1Api, cache_dir: str) -
                    f"hostPath {cache_dir}, but this account may not list nodes: every Pod "
                    "keeps the init container (it only verifies the entry)",
                    "grant list on nodes (a ClusterRole), or use execd_delivery = \"copy\"")
+
+
+def dns_listen_finding(cfg: Config) -> Finding:
+    """Whether the DNS filter's listen address is on this host now. Absent is a warning,
+    not a failure: a node's Pod bridge gets its address with the node's first Pod, and the
+    server listens on it anyway (``dnsfilter``)."""
+    host, port = netpolicy.filter_listen(cfg)
+    try:
+        present = listen_host_is_local(host)
+    except OSError as exc:
+        return Finding("DNS filter address", False, f"{host}:{port}: {exc}",
+                       "set [kubernetes] dns_filter_listen to an address of this host")
+    if present:
+        return Finding("DNS filter address", True, f"listens on {host}:{port}")
+    return Finding(
+        "DNS filter address", False,
+        f"{host} is on no interface of this host now; the server listens on it anyway, and "
+        "sandbox Pods' names resolve once it is there (a node's Pod bridge gets its address "
+        "with its first Pod)",
+        "if this is not the host's address on the Pod network, set [kubernetes] "
+        "dns_filter_address (or dns_filter_listen) to one it has", required=False)

@@ -60,7 +60,7 @@ class PodDnsServer(asyncio.DatagramProtocol):
         no failure: a node's Pod bridge (where Pods reach a server outside the cluster) gets
         its address with the node's first Pod, and queries arrive once it has it."""
         family, address = _listen_address(host, port)
-        present = _is_local(family, address)
+        present = address_is_local(family, address[0])
         loop = asyncio.get_running_loop()
         udp = _bound_socket(family, socket.SOCK_DGRAM, address)
         try:
@@ -142,11 +142,18 @@ def _listen_address(host: str, port: int) -> tuple[int, tuple[str, int]]:
     return info[0], (str(info[4][0]), int(info[4][1]))
 
 
-def _is_local(family: int, address: tuple[str, int]) -> bool:
+def listen_host_is_local(host: str) -> bool:
+    """Whether a listen host (an address, a name, or empty: all) is on one of this host's
+    interfaces now."""
+    family, address = _listen_address(host, 0)
+    return address_is_local(family, address[0])
+
+
+def address_is_local(family: int, address: str) -> bool:
     """Whether ``address`` can be bound without ``IP_FREEBIND`` (it is on an interface)."""
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         try:
-            probe.bind((address[0], 0))
+            probe.bind((address, 0))
         except OSError as exc:
             if exc.errno == errno.EADDRNOTAVAIL:
                 return False

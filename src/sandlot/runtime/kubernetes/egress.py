@@ -30,13 +30,14 @@ from sandlot.net.dns import DnsFilter, host_resolvers
 from sandlot.net.policy import ALLOW_ALL, DENY, EgressPolicy, parse_policy
 from sandlot.runtime.kubernetes import netpolicy
 from sandlot.runtime.kubernetes.apierror import explain
-from sandlot.runtime.kubernetes.dnsfilter import PodDnsServer
+from sandlot.runtime.kubernetes.dnsfilter import PodDnsServer, listen_host_is_local
 from sandlot.runtime.kubernetes.learned import Learned
 from sandlot.runtime.kubernetes.pod import LABEL_OWNER, LABEL_SANDBOX, pod_name
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY = 60.0
 MISS_CACHE = 2.0  # seconds a Pod IP that is none of ours is not looked up again
+ABSENT_LOG_EVERY = 60.0  # seconds between errors about a listen address still absent
 # The sandbox id at a Pod IP, asked of the API server when the watch has not seen it yet.
 LookupIp = Callable[[str], Awaitable[str | None]]
 
@@ -79,20 +80,22 @@ class PodEgress:
         self._pods: dict[str, str] = {}  # sandbox id -> Pod name (a claimed warm Pod's)
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._prune: asyncio.Task[None] | None = None
+        # The listen address while it is on no interface of this host (see _check_absent).
+        self._absent_host: str | None = None
+        self._absent_logged = -ABSENT_LOG_EVERY
 
     async def start(self) -> None:
-        listen = self.cfg.kubernetes.dns_filter_listen or \
-            f"{self.cfg.kubernetes.dns_filter_address}:{netpolicy.DNS_PORT}"
-        host, _, port = listen.rpartition(":")
         try:
-            present = await self.server.start(host.strip("[]"), int(port))
+            host, port = netpolicy.filter_listen(self.cfg)
+            present = await self.server.start(host, port)
         except (OSError, ValueError) as exc:
-            raise RuntimeFailure(f"[kubernetes] the DNS filter cannot listen on {listen}: "
-                                 f"{exc}") from exc
+            raise RuntimeFailure(f"[kubernetes] the DNS filter cannot listen on "
+                                 f"{self._listen_text()}: {exc}") from exc
         if not present:
+            self._absent_host = host
             log.warning("dns filter: %s is on no interface of this host yet; listening on it "
                         "anyway (a node's Pod bridge gets its address with its first Pod): "
-                        "sandbox Pods' names resolve once it is there", listen)
+                        "sandbox Pods' names resolve once it is there", self._listen_text())
         if not self.upstreams:
             log.warning("dns filter: no upstream resolvers (none in /etc/resolv.conf and no "
                         "[network] dns_servers): sandboxes' names will not resolve")
@@ -143,6 +146,37 @@ class PodEgress:
             self._policies[sandbox_id] = policy_of_pod(pod)
         if ip:
             self.bind_ip(sandbox_id, ip)
+            self._check_absent()
+
+    @property
+    def listen_address_absent(self) -> bool:
+        """Whether the filter listens on an address this host does not have (yet)."""
+        return self._absent_host is not None
+
+    def _listen_text(self) -> str:
+        return self.cfg.kubernetes.dns_filter_listen or \
+            f"{self.cfg.kubernetes.dns_filter_address}:{netpolicy.DNS_PORT}"
+
+    def _check_absent(self) -> None:
+        """A sandbox Pod has an address, so a node's Pod bridge has its own by now: say
+        whether the listen address appeared, or (once a minute) that queries cannot reach
+        the filter while it is absent (a wrong ``dns_filter_address``)."""
+        if self._absent_host is None:
+            return
+        try:
+            present = listen_host_is_local(self._absent_host)
+        except OSError:
+            present = False
+        now = time.monotonic()
+        if present:
+            self._absent_host = None
+            log.info("dns filter: %s is on an interface now", self._listen_text())
+        elif now - self._absent_logged >= ABSENT_LOG_EVERY:
+            self._absent_logged = now
+            log.error("dns filter: %s is still on no interface of this host while sandbox "
+                      "Pods run: their DNS queries cannot reach it; set [kubernetes] "
+                      "dns_filter_address (or dns_filter_listen) to an address of this host "
+                      "that Pods reach (docs/runtime-kubernetes.md)", self._listen_text())
 
     def bind_ip(self, sandbox_id: str, ip: str) -> None:
         old = self._ip_of.get(sandbox_id)

@@ -38,6 +38,14 @@ def filter_configured(cfg: Config) -> bool:
     return bool(cfg.kubernetes.dns_filter_address)
 
 
+def filter_listen(cfg: Config) -> tuple[str, int]:
+    """(host, port) the server's DNS filter listens on: ``dns_filter_listen``, or
+    ``dns_filter_address`` port 53; brackets of an IPv6 host removed."""
+    listen = cfg.kubernetes.dns_filter_listen or f"{cfg.kubernetes.dns_filter_address}:{DNS_PORT}"
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 def writes_network_policies(cfg: Config) -> bool:
     """NetworkPolicies are written in mode dns+nft (mode dns restricts names only)."""
     return filter_configured(cfg) and cfg.egress.mode == "dns+nft"
