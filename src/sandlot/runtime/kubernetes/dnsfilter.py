@@ -51,6 +51,8 @@ class PodDnsServer(asyncio.DatagramProtocol):
         self.tcp: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._refused_logged: dict[str, float] = {}
+        self._family: int = socket.AF_INET  # the listen address, set by start
+        self._address = ""
 
     async def start(self, host: str, port: int) -> bool:
         """Listen on ``host:port`` (UDP and TCP); whether ``host`` is on one of this host's
@@ -60,7 +62,8 @@ class PodDnsServer(asyncio.DatagramProtocol):
         no failure: a node's Pod bridge (where Pods reach a server outside the cluster) gets
         its address with the node's first Pod, and queries arrive once it has it."""
         family, address = _listen_address(host, port)
-        present = address_is_local(family, address[0])
+        self._family, self._address = family, address[0]
+        present = self.address_present()
         loop = asyncio.get_running_loop()
         udp = _bound_socket(family, socket.SOCK_DGRAM, address)
         try:
@@ -79,6 +82,10 @@ class PodDnsServer(asyncio.DatagramProtocol):
             self.close()
             raise
         return present
+
+    def address_present(self) -> bool:
+        """Whether the (started) listener's address is on one of this host's interfaces."""
+        return address_is_local(self._family, self._address)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Not isinstance(asyncio.DatagramTransport): uvloop's transports are not.

@@ -30,7 +30,7 @@ from sandlot.net.dns import DnsFilter, host_resolvers
 from sandlot.net.policy import ALLOW_ALL, DENY, EgressPolicy, parse_policy
 from sandlot.runtime.kubernetes import netpolicy
 from sandlot.runtime.kubernetes.apierror import explain
-from sandlot.runtime.kubernetes.dnsfilter import PodDnsServer, listen_host_is_local
+from sandlot.runtime.kubernetes.dnsfilter import PodDnsServer
 from sandlot.runtime.kubernetes.learned import Learned
 from sandlot.runtime.kubernetes.pod import LABEL_OWNER, LABEL_SANDBOX, pod_name
 
@@ -80,8 +80,8 @@ class PodEgress:
         self._pods: dict[str, str] = {}  # sandbox id -> Pod name (a claimed warm Pod's)
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._prune: asyncio.Task[None] | None = None
-        # The listen address while it is on no interface of this host (see _check_absent).
-        self._absent_host: str | None = None
+        # The listen address is on no interface of this host (see _check_absent).
+        self._absent = False
         self._absent_logged = -ABSENT_LOG_EVERY
 
     async def start(self) -> None:
@@ -92,7 +92,7 @@ class PodEgress:
             raise RuntimeFailure(f"[kubernetes] the DNS filter cannot listen on "
                                  f"{self._listen_text()}: {exc}") from exc
         if not present:
-            self._absent_host = host
+            self._absent = True
             log.warning("dns filter: %s is on no interface of this host yet; listening on it "
                         "anyway (a node's Pod bridge gets its address with its first Pod): "
                         "sandbox Pods' names resolve once it is there", self._listen_text())
@@ -151,7 +151,7 @@ class PodEgress:
     @property
     def listen_address_absent(self) -> bool:
         """Whether the filter listens on an address this host does not have (yet)."""
-        return self._absent_host is not None
+        return self._absent
 
     def _listen_text(self) -> str:
         return self.cfg.kubernetes.dns_filter_listen or \
@@ -161,15 +161,15 @@ class PodEgress:
         """A sandbox Pod has an address, so a node's Pod bridge has its own by now: say
         whether the listen address appeared, or (once a minute) that queries cannot reach
         the filter while it is absent (a wrong ``dns_filter_address``)."""
-        if self._absent_host is None:
+        if not self._absent:
             return
         try:
-            present = listen_host_is_local(self._absent_host)
+            present = self.server.address_present()
         except OSError:
             present = False
         now = time.monotonic()
         if present:
-            self._absent_host = None
+            self._absent = False
             log.info("dns filter: %s is on an interface now", self._listen_text())
         elif now - self._absent_logged >= ABSENT_LOG_EVERY:
             self._absent_logged = now
