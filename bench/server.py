@@ -44,9 +44,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def image_cache_images(cache_dir: Path) -> Path:
+    """``cache_dir/images``, the cache made 0700 when missing: its default is sandlot's own
+    data dir (``/var/lib/sandlot``), which ``sandlot serve`` refuses once other users can
+    reach it, so a bench run before ``make run`` must not leave it 0755."""
+    cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    images = cache_dir / "images"
+    images.mkdir(exist_ok=True)
+    return images
+
+
 def ensure_image(name: str, cache_dir: Path, timeout: float = 900.0) -> tuple[bool, str]:
     """``sandlot image build NAME --data-dir CACHE --if-missing``; (ok, output tail)."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    image_cache_images(cache_dir)
     try:
         proc = subprocess.run(
             [*sandlot_cli(), "image", "build", name, "--data-dir", str(cache_dir), "--if-missing"],
@@ -120,9 +130,7 @@ class SandlotServer:
     def start(self, timeout: float = 60.0) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="sandlot-bench-", dir=data_dir_base()))
         self.data_dir.mkdir(mode=0o700)  # sandlot serve refuses a data dir others can reach
-        images = self.image_cache / "images"
-        images.mkdir(parents=True, exist_ok=True)
-        (self.data_dir / "images").symlink_to(images)
+        (self.data_dir / "images").symlink_to(image_cache_images(self.image_cache))
         BUNDLE_CACHE.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "execd-bundle").symlink_to(BUNDLE_CACHE)
         self.port = self.port or free_port()

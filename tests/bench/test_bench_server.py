@@ -10,9 +10,20 @@ from pathlib import Path
 
 import pytest
 from bench.sdk import Sandboxes
-from bench.server import SandlotServer
+from bench.server import SandlotServer, image_cache_images
 
-pytestmark = pytest.mark.skipif(shutil.which("runc") is None, reason="needs runc")
+needs_runc = pytest.mark.skipif(shutil.which("runc") is None, reason="needs runc")
+
+
+def test_a_missing_image_cache_is_made_private(tmp_path: Path) -> None:
+    """The cache's default is sandlot's data dir: a bench run first on a fresh machine made
+    it 0755, and ``make run`` then refused it ("accessible to other users")."""
+    cache = tmp_path / "var-lib-sandlot"
+    images = image_cache_images(cache)
+    assert images == cache / "images" and images.is_dir()
+    assert cache.stat().st_mode & 0o777 == 0o700
+    image_cache_images(cache)  # an existing cache is left as it is
+    assert cache.stat().st_mode & 0o777 == 0o700
 
 
 def _server(tmp_path: Path) -> SandlotServer:
@@ -20,6 +31,7 @@ def _server(tmp_path: Path) -> SandlotServer:
     return SandlotServer(image_cache=tmp_path / "cache", warm_pool_size=0)
 
 
+@needs_runc
 def test_a_start_that_times_out_leaves_no_process(tmp_path: Path) -> None:
     server = _server(tmp_path)
     with pytest.raises(RuntimeError, match="did not answer /health"):
@@ -29,6 +41,7 @@ def test_a_start_that_times_out_leaves_no_process(tmp_path: Path) -> None:
     server.remove()
 
 
+@needs_runc
 def test_a_sweep_of_a_server_that_does_not_answer_says_so_and_stops_it(tmp_path: Path) -> None:
     server = _server(tmp_path)
     server.start()

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from sandlot import datadir
 from sandlot.cli.main import main
 from sandlot.config import API_KEY_ENV, STORE_URL_ENV, Config
 from sandlot.runtime.registry import UnknownRuntime, known_runtimes, runtime_class
@@ -163,6 +164,16 @@ def test_init_config_writes_a_loadable_private_file(tmp_path: Path) -> None:
     assert cfg.warnings() == [] and cfg.refusals() == []  # sandlot's own template: all honoured
     again = CliRunner().invoke(main, ["init-config", str(target)])
     assert again.exit_code != 0 and "exists" in again.output
+
+
+def test_init_config_makes_a_missing_data_dir_private(tmp_path: Path) -> None:
+    """The default config path is in the data dir: a folder init-config makes must pass
+    sandlot serve's check (it refuses a data dir other users can reach)."""
+    data = tmp_path / "var" / "lib" / "sandlot"
+    result = CliRunner().invoke(main, ["init-config", str(data / "config.toml")])
+    assert result.exit_code == 0, result.output
+    assert data.stat().st_mode & 0o777 == 0o700
+    datadir.check(data)
 
 
 def test_storage_and_disk_keys_are_honoured(tmp_path: Path) -> None:

@@ -166,7 +166,9 @@ def check_overlay(data_dir: Path) -> Check:
         return Check("overlayfs", False, "the kernel has no overlay file system",
                      "modprobe overlay", required=True)
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # 0700, as sandlot serve makes it: serve refuses a data dir other users can reach,
+        # so a doctor run before the first start must not leave it 0755.
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".doctor-", dir=data_dir))
     except OSError as exc:
         return Check("overlayfs", False, f"cannot write {data_dir}: {exc}",

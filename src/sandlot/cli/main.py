@@ -81,7 +81,9 @@ def init_config(file: Path, force: bool) -> None:
     """Write a commented config file with a fresh random API key."""
     if file.exists() and not force:
         raise click.ClickException(f"{file} exists; use --force to overwrite it")
-    file.parent.mkdir(parents=True, exist_ok=True)
+    # A missing folder is made 0700: the default is the data dir (/var/lib/sandlot), which
+    # sandlot serve refuses once other users can reach it.
+    file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     file.write_text(CONFIG_TEMPLATE.replace("{api_key}", secrets.token_urlsafe(32)))
     file.chmod(0o600)
     click.echo(f"wrote {file}")
