@@ -23,6 +23,8 @@ from pathlib import Path
 
 import httpx
 
+from sandlot import datadir
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_IMAGE_CACHE = Path(os.environ.get("SANDLOT_BENCH_IMAGE_DATA_DIR", "/var/lib/sandlot"))
 # The read-only execd bundle the server builds once per data dir; shared between runs.
@@ -48,8 +50,7 @@ def image_cache_images(cache_dir: Path) -> Path:
     """``cache_dir/images``, the cache made 0700 when missing: its default is sandlot's own
     data dir (``/var/lib/sandlot``), which ``sandlot serve`` refuses once other users can
     reach it, so a bench run before ``make run`` must not leave it 0755."""
-    cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    images = cache_dir / "images"
+    images = datadir.create(cache_dir) / "images"
     images.mkdir(exist_ok=True)
     return images
 

@@ -22,13 +22,17 @@ class UnsafeDataDir(SandlotError):
     code = "UNSAFE_DATA_DIR"
 
 
+def create(data_dir: Path) -> Path:
+    """Create ``data_dir`` 0700 when missing (an existing one is left as it is). Whatever
+    makes the data dir first (serve, ``sandlot image``, doctor, init-config, the bench's
+    image cache) goes through here, so serve never finds one it made itself too open."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return data_dir
+
+
 def prepare(data_dir: Path) -> Path:
     """Create ``data_dir`` 0700 when missing; refuse one other users can reach."""
-    try:
-        data_dir.mkdir(mode=0o700, parents=True)
-    except FileExistsError:
-        pass
-    check(data_dir)
+    check(create(data_dir))
     return data_dir
 
 

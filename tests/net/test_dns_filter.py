@@ -5,13 +5,9 @@ namespace's loopback, nothing touches the machine's own."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 import textwrap
 
-import pytest
+from tests.net.own_netns import run_in_own_netns
 
 SCRIPT = textwrap.dedent('''
     import asyncio, subprocess
@@ -67,8 +63,4 @@ SCRIPT = textwrap.dedent('''
 
 
 def test_identical_queries_in_flight_share_one_upstream_question() -> None:
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare (util-linux) for a namespace of its own")
-    r = subprocess.run(["unshare", "--net", sys.executable, "-c", SCRIPT],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+    run_in_own_netns(SCRIPT)

@@ -6,13 +6,9 @@ documentation address exists only there."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 import textwrap
 
-import pytest
+from tests.net.own_netns import run_in_own_netns
 
 SCRIPT = textwrap.dedent('''
     import asyncio, socket, struct, subprocess
@@ -114,18 +110,10 @@ EGRESS_SCRIPT = textwrap.dedent('''
 
 
 def test_listens_on_an_address_that_appears_later() -> None:
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare (util-linux) for a namespace of its own")
-    r = subprocess.run(["unshare", "--net", sys.executable, "-c", SCRIPT],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+    run_in_own_netns(SCRIPT)
 
 
 def test_egress_reports_when_the_listen_address_appears() -> None:
     """The runtime's egress part: a warning at start, an error when sandbox Pods run and
     the address is still absent, a note once it is there."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare (util-linux) for a namespace of its own")
-    r = subprocess.run(["unshare", "--net", sys.executable, "-c", EGRESS_SCRIPT],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+    run_in_own_netns(EGRESS_SCRIPT)

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from sandlot import hostfs
+from sandlot import datadir, hostfs
 from sandlot.config import Config
 from sandlot.errors import RuntimeFailure
 from sandlot.net import hostmode
@@ -166,9 +166,7 @@ def check_overlay(data_dir: Path) -> Check:
         return Check("overlayfs", False, "the kernel has no overlay file system",
                      "modprobe overlay", required=True)
     try:
-        # 0700, as sandlot serve makes it: serve refuses a data dir other users can reach,
-        # so a doctor run before the first start must not leave it 0755.
-        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        datadir.create(data_dir)  # 0700: serve would refuse a 0755 one made here
         tmp = Path(tempfile.mkdtemp(prefix=".doctor-", dir=data_dir))
     except OSError as exc:
         return Check("overlayfs", False, f"cannot write {data_dir}: {exc}",

@@ -23,6 +23,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from sandlot import datadir
 from sandlot.config import DEFAULT_DATA_DIR, Config
 from sandlot.errors import SandlotError
 from sandlot.images.model import Image, RegistryAuth
@@ -38,7 +39,7 @@ def _store(data_dir: Path, config_file: Path | None) -> ImageStore:
     cfg = Config.load(config_file)
     # A data dir made here is made as `sandlot serve` wants it (root's alone), so that an
     # image pulled before the first start does not leave one the server then refuses.
-    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    datadir.create(data_dir)
     return ImageStore(data_dir / "images", insecure_registries=cfg.images.insecure_registries)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from sandlot import __version__
+from sandlot import __version__, datadir
 from sandlot.config import CONFIG_TEMPLATE, Config
 
 
@@ -81,9 +81,7 @@ def init_config(file: Path, force: bool) -> None:
     """Write a commented config file with a fresh random API key."""
     if file.exists() and not force:
         raise click.ClickException(f"{file} exists; use --force to overwrite it")
-    # A missing folder is made 0700: the default is the data dir (/var/lib/sandlot), which
-    # sandlot serve refuses once other users can reach it.
-    file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    datadir.create(file.parent)  # the default folder is the data dir (/var/lib/sandlot)
     file.write_text(CONFIG_TEMPLATE.replace("{api_key}", secrets.token_urlsafe(32)))
     file.chmod(0o600)
     click.echo(f"wrote {file}")

@@ -155,7 +155,7 @@ class DockerRuntime(Runtime):
             if network.kind == NetworkKind.HOST:
                 log.warning('[docker] network_mode = "host": sandboxes share the host network '
                             "(its ports, its addresses); use bridge or none to isolate them")
-            cfg.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            datadir.create(cfg.data_dir)
             bundle = await asyncio.to_thread(ensure_bundle, cfg.data_dir / "execd-bundle")
             plan = Plan(bundle=bundle, cfg=dcfg, network=network,
                         owner=datadir.owner_id(cfg.data_dir, "docker-owner"),

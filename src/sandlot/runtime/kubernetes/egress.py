@@ -80,6 +80,7 @@ class PodEgress:
         self._pods: dict[str, str] = {}  # sandbox id -> Pod name (a claimed warm Pod's)
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._prune: asyncio.Task[None] | None = None
+        self._listen = netpolicy.filter_listen_text(cfg)  # as configured, for messages
         # The listen address is on no interface of this host (see _check_absent).
         self._absent = False
         self._absent_logged = -ABSENT_LOG_EVERY
@@ -90,12 +91,12 @@ class PodEgress:
             present = await self.server.start(host, port)
         except (OSError, ValueError) as exc:
             raise RuntimeFailure(f"[kubernetes] the DNS filter cannot listen on "
-                                 f"{self._listen_text()}: {exc}") from exc
+                                 f"{self._listen}: {exc}") from exc
         if not present:
             self._absent = True
             log.warning("dns filter: %s is on no interface of this host yet; listening on it "
                         "anyway (a node's Pod bridge gets its address with its first Pod): "
-                        "sandbox Pods' names resolve once it is there", self._listen_text())
+                        "sandbox Pods' names resolve once it is there", self._listen)
         if not self.upstreams:
             log.warning("dns filter: no upstream resolvers (none in /etc/resolv.conf and no "
                         "[network] dns_servers): sandboxes' names will not resolve")
@@ -153,10 +154,6 @@ class PodEgress:
         """Whether the filter listens on an address this host does not have (yet)."""
         return self._absent
 
-    def _listen_text(self) -> str:
-        return self.cfg.kubernetes.dns_filter_listen or \
-            f"{self.cfg.kubernetes.dns_filter_address}:{netpolicy.DNS_PORT}"
-
     def _check_absent(self) -> None:
         """A sandbox Pod has an address, so a node's Pod bridge has its own by now: say
         whether the listen address appeared, or (once a minute) that queries cannot reach
@@ -170,13 +167,13 @@ class PodEgress:
         now = time.monotonic()
         if present:
             self._absent = False
-            log.info("dns filter: %s is on an interface now", self._listen_text())
+            log.info("dns filter: %s is on an interface now", self._listen)
         elif now - self._absent_logged >= ABSENT_LOG_EVERY:
             self._absent_logged = now
             log.error("dns filter: %s is still on no interface of this host while sandbox "
                       "Pods run: their DNS queries cannot reach it; set [kubernetes] "
                       "dns_filter_address (or dns_filter_listen) to an address of this host "
-                      "that Pods reach (docs/runtime-kubernetes.md)", self._listen_text())
+                      "that Pods reach (docs/runtime-kubernetes.md)", self._listen)
 
     def bind_ip(self, sandbox_id: str, ip: str) -> None:
         old = self._ip_of.get(sandbox_id)

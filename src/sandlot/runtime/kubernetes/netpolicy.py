@@ -38,11 +38,16 @@ def filter_configured(cfg: Config) -> bool:
     return bool(cfg.kubernetes.dns_filter_address)
 
 
+def filter_listen_text(cfg: Config) -> str:
+    """``host:port`` the server's DNS filter listens on, as configured: ``dns_filter_listen``,
+    or ``dns_filter_address`` port 53."""
+    return cfg.kubernetes.dns_filter_listen or \
+        f"{cfg.kubernetes.dns_filter_address}:{DNS_PORT}"
+
+
 def filter_listen(cfg: Config) -> tuple[str, int]:
-    """(host, port) the server's DNS filter listens on: ``dns_filter_listen``, or
-    ``dns_filter_address`` port 53; brackets of an IPv6 host removed."""
-    listen = cfg.kubernetes.dns_filter_listen or f"{cfg.kubernetes.dns_filter_address}:{DNS_PORT}"
-    host, _, port = listen.rpartition(":")
+    """``filter_listen_text`` as (host, port), brackets of an IPv6 host removed."""
+    host, _, port = filter_listen_text(cfg).rpartition(":")
     return host.strip("[]"), int(port)
 
 

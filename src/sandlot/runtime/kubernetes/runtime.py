@@ -157,7 +157,7 @@ class KubernetesRuntime(Runtime):
                 raise RuntimeFailure(f"cannot list Pods in namespace {kcfg.namespace!r} of "
                                      f"{api.configuration.host}: {explain(exc)}") from exc
             runtime_class = await _runtime_class(api, cfg)
-            cfg.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            datadir.create(cfg.data_dir)
             bundle = await asyncio.to_thread(ensure_bundle, cfg.data_dir / "execd-bundle")
             image = kcfg.execd_bundle_image or bundle_image.image_name(bundle)
             plan = PodPlan(cfg=kcfg, bundle=bundle, bundle_image=image,

@@ -33,6 +33,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Protocol
 
+from sandlot import datadir
 from sandlot.config import Config
 from sandlot.errors import (
     Conflict,
@@ -275,7 +276,7 @@ class OciRuntime(Runtime):
                 '[runtime] pause_mode = "hibernate" needs gVisor ([secure_runtime] type = '
                 f'"gvisor"); {binary.flavor} can only freeze')
         data_dir = cfg.data_dir
-        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # as serve makes it
+        datadir.create(data_dir)
         for sub in ("sandboxes", "runc"):
             (data_dir / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(data_dir / "runc", 0o700)
