@@ -382,3 +382,27 @@ async def test_zygote_restarts_and_closes_without_orphans(
     finally:
         await finish(rt, ids)
     assert all(process_gone(p) for p in execds), "execd outlived its sandbox"
+
+
+async def test_the_zygote_starts_with_the_serving_runtime(
+    runtime_data_dir: Path, rt_image: Image
+) -> None:
+    """The runtime that serves the data dir starts the zygote as it opens, so the first cold
+    create does not wait for its imports; a second opener (a tool) starts none, and closing
+    the serving runtime stops it."""
+    rt = await open_with(runtime_data_dir, "zygote")
+    try:
+        assert rt.zygote is not None
+        zygote = rt.zygote.pid
+        assert zygote is not None and not process_gone(zygote, timeout=0.1)  # before any create
+        tool = await OciRuntime.open(Config(data_dir=runtime_data_dir), images=TEST_IMAGES)
+        try:
+            assert tool.zygote is not None and tool.zygote.pid is None
+        finally:
+            await tool.close()
+        await rt.create(spec("zy-early", rt_image))
+        await wait_ping(rt, "zy-early")
+        assert (rt.zygote.pid, rt.zygote.starts) == (zygote, 1)  # the first create used it
+    finally:
+        await finish(rt, ["zy-early"])
+    assert process_gone(zygote)

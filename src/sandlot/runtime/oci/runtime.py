@@ -329,6 +329,11 @@ class OciRuntime(Runtime):
             else:
                 await NetworkManager.remove_all(cfg, data_dir)  # left by mode "isolated"
             rt.leftovers.start(stale, rt._teardown)
+            if rt.zygote is not None and rt.user_namespaces:  # the sandboxes it serves
+                try:
+                    await rt.zygote.start()
+                except OSError as exc:  # the first launch tries again (and fails its create)
+                    log.warning("could not start the execd zygote: %s", exc)
         return rt
 
     async def _thaw_interrupted_snapshots(self) -> None:
