@@ -117,13 +117,14 @@ class DockerRuntime(Runtime):
         self.plan = plan
         self.ports = ports
         self.data_dir = data_dir
+        # Warm starts run in the gate's background slots, taken by the pools (oci/pool.py).
         self.pool = pool.WarmPool(warm_pool_size, list(warm_pool_images or []),
-                                  self._make_warm, self._remove)
+                                  self._make_warm, self._remove, gate=self.starts)
         self._made_warm: set[str] = set()  # warm containers this instance started
         # Warm containers of the snapshots sandboxes are created from (snapshot_pools.py).
         self.snapshot_pools = SnapshotPools(snapshot_pool_size, snapshot_pools_max,
                                             snapshot_pool_idle_seconds, self._make_warm,
-                                            self._remove)
+                                            self._remove, gate=self.starts)
         self._pool_lock_fd: int | None = None
         info_arch = _ARCHES.get(platform.machine(), platform.machine())
         self.capabilities = RuntimeCapabilities(
@@ -187,7 +188,7 @@ class DockerRuntime(Runtime):
                     raise Conflict(f"sandbox {spec.sandbox_id} already exists")
                 image = await self._image_of(spec, progress)
                 # A warm container's mounts are fixed: creates with volumes start cold.
-                taken = self._take_warm(spec, image) if not spec.volumes else None
+                taken = await self._take_warm(spec, image) if not spec.volumes else None
                 if taken is not None and await self._claim(spec, image, taken):
                     return CreateResult(execd_ready=True)  # its execd has just answered
                 await slot.enter_async_context(self.starts.slot())
@@ -201,12 +202,14 @@ class DockerRuntime(Runtime):
             self._execd_connect(spec.sandbox_id), spec.execd_token,
             ended=admission.container_ended(self.inspect, spec.sandbox_id))
 
-    def _take_warm(self, spec: SandboxSpec, image: images.EngineImage) -> pool.Warm | None:
-        """A warm container of the snapshot's pool, or of the server's pool for an image."""
+    async def _take_warm(self, spec: SandboxSpec,
+                         image: images.EngineImage) -> pool.Warm | None:
+        """A warm container of the snapshot's pool, or of the server's pool for an image
+        (one being started if none is ready: ``WarmPool.claim``)."""
         if spec.snapshot_id is not None:
             return self.snapshot_pools.take(
                 spec.snapshot_id, _pool_key(snapshots.image_ref(spec.snapshot_id), image))
-        return self.pool.take(_pool_key(spec.image.reference, image))
+        return await self.pool.claim(_pool_key(spec.image.reference, image))
 
     async def _image_of(self, spec: SandboxSpec, progress: Progress | None) -> images.EngineImage:
         if spec.snapshot_id is None:
@@ -505,11 +508,9 @@ class DockerRuntime(Runtime):
         found = await images.lookup(self.engine, image.id)
         if found is None:
             raise RuntimeFailure(f"image {image.name} is gone from the Docker engine")
-        try:
-            async with self.starts.slot(background=True):  # after every waiting request
-                await self._start(spec, found, pooled=True)
-                await execd_client.wait_ready(self._execd_connect(key), None,
-                                              pool.READY_TIMEOUT)
+        try:  # in a background start slot, which the pool holds (oci/pool.WarmPool)
+            await self._start(spec, found, pooled=True)
+            await execd_client.wait_ready(self._execd_connect(key), None, pool.READY_TIMEOUT)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._remove(key)

@@ -238,9 +238,10 @@ class OciRuntime(Runtime):
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._connector = netns.NetnsConnector()
         self.claims = pool.ClaimStore(data_dir / "pool" / "claims")
+        # Warm starts run in the gate's background slots, taken by the pools (pool.py).
         self.pool = pool.WarmPool(warm_pool_size, list(warm_pool_images or []),
                                   self._make_warm, self._teardown,
-                                  parallel=self._refills_at_once())
+                                  parallel=self._refills_at_once(), gate=self.starts)
         self._made_warm: set[str] = set()  # warm containers this instance started
         self.leftovers = leftovers.BackgroundSweep()  # a crashed server's warm containers
         self._removals = removal.BackgroundRemovals()  # deleted sandboxes' directories
@@ -248,7 +249,8 @@ class OciRuntime(Runtime):
         # Warm containers of the snapshots sandboxes are created from (snapshot_pools.py).
         self.snapshot_pools = SnapshotPools(snapshot_pool_size, snapshot_pools_max,
                                             snapshot_pool_idle_seconds, self._make_warm,
-                                            self._teardown, parallel=self._refills_at_once())
+                                            self._teardown, parallel=self._refills_at_once(),
+                                            gate=self.starts)
         # Named pools (``/v1/pools``): pool name -> its warm pool and the image name it keeps.
         self.named_pools: dict[str, tuple[pool.WarmPool, str]] = {}
         self._pool_lock_fd: int | None = None
@@ -422,7 +424,7 @@ class OciRuntime(Runtime):
                     self.snapshots.add_user(spec.snapshot_id, spec.sandbox_id)
                 # A warm container has no volumes (its mounts are made) and the default cap.
                 poolable = not spec.volumes and spec.disk_bytes == self.default_disk_bytes
-                warm = self._take_warm(spec, image) if poolable else None
+                warm = await self._take_warm(spec, image) if poolable else None
                 if warm is not None and await self._claim(spec, image, warm):
                     self.pause_modes.record(self.paths(spec.sandbox_id), mode)
                     return CreateResult(execd_ready=True)  # its execd just answered the claim
@@ -686,14 +688,15 @@ class OciRuntime(Runtime):
 
     # -- named pools --------------------------------------------------------------------
 
-    def _take_warm(self, spec: SandboxSpec, image: Image) -> pool.Warm | None:
+    async def _take_warm(self, spec: SandboxSpec, image: Image) -> pool.Warm | None:
         """A warm container for ``spec``: from the pool it names first, else of its
-        snapshot's pool (a create from a snapshot naming no pool), else the server's."""
+        snapshot's pool (a create from a snapshot naming no pool), else the server's. A
+        pool with none ready gives one it is starting (``WarmPool.claim``)."""
         named = self.named_pools.get(spec.extensions.get("poolRef", ""))
-        warm = named[0].take(image) if named is not None else None
+        warm = await named[0].claim(image) if named is not None else None
         if warm is None and named is None and spec.snapshot_id is not None:
             return self.snapshot_pools.take(spec.snapshot_id, image)
-        return warm if warm is not None else self.pool.take(image)
+        return warm if warm is not None else await self.pool.claim(image)
 
     async def ensure_pool(self, name: str, image: ImageRef, size: int,
                           snapshot_id: str | None = None,
@@ -714,7 +717,7 @@ class OciRuntime(Runtime):
         if current is not None:
             await self.remove_pool(name)
         keeper = pool.WarmPool(size, [local.name], self._make_warm, self._teardown,
-                               parallel=self._refills_at_once())
+                               parallel=self._refills_at_once(), gate=self.starts)
         self.named_pools[name] = (keeper, local.name)
         keeper.prewarm(local)
 
@@ -989,11 +992,9 @@ class OciRuntime(Runtime):
                            pids_limit=self.pids_limit, execd_token=token,
                            disk_bytes=self.default_disk_bytes)
         p = SandboxPaths.of(self.data_dir, cid)
-        try:
-            async with self.starts.slot(background=True):  # after every waiting request
-                await self._create(spec, image, p, pooled=True)
-                await execd_client.wait_ready(self._execd_connect(cid), None,
-                                              pool.READY_TIMEOUT)
+        try:  # in a background start slot, which the pool holds (pool.WarmPool)
+            await self._create(spec, image, p, pooled=True)
+            await execd_client.wait_ready(self._execd_connect(cid), None, pool.READY_TIMEOUT)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._teardown(cid)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandlot.images.model import Image
+from sandlot.runtime.admission import StartGate
 from sandlot.runtime.base import WarmPoolStats
 from sandlot.runtime.oci.pool import Warm, WarmPool
 
@@ -48,6 +49,7 @@ class SnapshotPools:
         discard: Callable[[str], Awaitable[None]],
         parallel: int = 1,
         clock: Callable[[], float] = time.monotonic,
+        gate: StartGate | None = None,
     ) -> None:
         self.size = max(0, size)
         self.max_pools = max(0, max_pools)
@@ -56,6 +58,7 @@ class SnapshotPools:
         self._discard = discard
         self._parallel = parallel
         self._clock = clock
+        self._gate = gate
         self._kept: dict[str, _Kept] = {}
         self._blocked: set[str] = set()  # snapshots being deleted: no pool starts
         self._bg: set[asyncio.Task[Any]] = set()
@@ -75,7 +78,7 @@ class SnapshotPools:
             self._make_room()
             kept = self._kept[snapshot_id] = _Kept(
                 WarmPool(self.size, [image.name], self._make, self._discard,
-                         parallel=self._parallel), self._clock())
+                         parallel=self._parallel, gate=self._gate), self._clock())
             self._start_reaper()
         kept.last_used = self._clock()
         warm = kept.pool.take(image)  # a claim refills after it
