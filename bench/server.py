@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from sandlot import datadir
+from sandlot.runtime.oci.layout import netns_name, rootfs_folder
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_IMAGE_CACHE = Path(os.environ.get("SANDLOT_BENCH_IMAGE_DATA_DIR", "/var/lib/sandlot"))
@@ -269,6 +270,11 @@ def _cgroup_dirs(pid: int) -> list[Path]:
     return dirs
 
 
+def _mounted_under(folder: Path) -> bool:
+    with open("/proc/self/mountinfo") as fh:
+        return any(line.split()[4].startswith(f"{folder}/") for line in fh)
+
+
 def reap_leftovers(root: Path) -> list[str]:
     """Remove what the private server left of its sandboxes after it stopped: processes in
     the cgroups of sandboxes under ``root`` (only those: every one was made by this run),
@@ -290,9 +296,12 @@ def reap_leftovers(root: Path) -> list[str]:
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
         time.sleep(0.5)
+    # Their root file systems are mounted in the data dir's folder under /run (layout.py).
+    roots = rootfs_folder(root / "data")
     mounts: list[str] = []
     with contextlib.suppress(OSError), open("/proc/self/mountinfo") as fh:
-        mounts = [line.split()[4] for line in fh if line.split()[4].startswith(str(root))]
+        mounts = [point for line in fh
+                  if (point := line.split()[4]).startswith((f"{root}/", f"{roots}/"))]
     for point in sorted(mounts, key=len, reverse=True):
         found.append(f"mount {point}")
         if subprocess.run(["umount", point], capture_output=True, check=False).returncode:
@@ -300,4 +309,11 @@ def reap_leftovers(root: Path) -> list[str]:
     for cg in cgroups:
         with contextlib.suppress(OSError):
             cg.rmdir()
+    for name in sorted(netns_name(sid) for sid in ids):
+        if (Path("/run/netns") / name).exists():
+            found.append(f"netns {name}")
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+    if roots.is_dir() and not _mounted_under(roots):  # never remove through a mount
+        found.append(f"folder {roots}")
+        shutil.rmtree(roots, ignore_errors=True)
     return found

@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 from bench.sdk import Sandboxes
-from bench.server import SandlotServer, image_cache_images
+from bench.server import SandlotServer, image_cache_images, leftovers, reap_leftovers
+
+from sandlot.images.model import Image
+from sandlot.images.store import ImageStore
+from sandlot.runtime.oci.layout import netns_name, rootfs_folder
 
 needs_runc = pytest.mark.skipif(shutil.which("runc") is None, reason="needs runc")
 
@@ -55,4 +59,39 @@ def test_a_sweep_of_a_server_that_does_not_answer_says_so_and_stops_it(tmp_path:
         assert not server.data_dir.exists(), "the server's data dir was left behind"
     finally:
         server.stop()
+        server.remove()
+
+
+@needs_runc
+def test_the_last_resort_clean_up_takes_a_stopped_servers_sandboxes_whole(
+    image_store: ImageStore, base_image: Image
+) -> None:
+    """``reap_leftovers`` (the harness's clean-up when a run ends with sandboxes its server
+    no longer deletes) also unmounts their root file systems, mounted under /run outside the
+    data dir, and deletes their network namespaces: found left by an aborted run, 102 of
+    each."""
+    server = SandlotServer(image_cache=image_store.root.parent, warm_pool_size=0)
+    server.start()
+    try:
+        async def create() -> str:
+            boxes = Sandboxes(server, "test-run")
+            sandbox, _ = await boxes.create(base_image.name)
+            await boxes.aclose()
+            return str(sandbox.id)
+
+        sandbox_id = asyncio.run(create())
+        server.stop()  # sandboxes outlive their server (a restart finds them)
+        assert server.root is not None
+        roots = rootfs_folder(server.data_dir)
+        netns = Path("/run/netns") / netns_name(sandbox_id)
+        assert netns.exists() and roots.is_dir()
+        found = reap_leftovers(server.root)
+        assert any(f.startswith("process ") for f in found), found
+        assert f"netns {netns.name}" in found and f"folder {roots}" in found
+        assert not netns.exists() and not roots.exists()
+        assert leftovers(server.root) == []
+    finally:
+        server.stop()
+        if server.root is not None:
+            reap_leftovers(server.root)
         server.remove()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import hashlib
 import json
 import os
 import shlex
@@ -26,8 +25,7 @@ from sandlot.images.model import Image
 from sandlot.runtime.base import ImageRef, SandboxSpec
 from sandlot.runtime.oci import OciRuntime, removal
 from sandlot.runtime.oci import cgroups as cg
-from sandlot.runtime.oci.layout import netns_name
-from sandlot.runtime.oci.runtime import ROOTS_DIR
+from sandlot.runtime.oci.layout import netns_name, rootfs_folder
 from sandlot.server.sandbox_transport import SandboxTransport
 
 
@@ -230,8 +228,8 @@ async def runtime_fixture(data_dir: Path) -> AsyncIterator[OciRuntime]:
         trash = [n for n in os.listdir(data_dir / "sandboxes") if removal.is_trash(n)]
         assert not trash, f"deleted sandboxes' directories left as trash: {trash}"
         # The data dir's folder of rootfs mount points goes once no sandbox is in it.
-        digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
-        assert not (ROOTS_DIR / digest).exists(), sorted(os.listdir(ROOTS_DIR / digest))
+        folder = rootfs_folder(data_dir)
+        assert not folder.exists(), sorted(os.listdir(folder))
 
 
 def process_gone(pid: int, timeout: float = 10) -> bool:

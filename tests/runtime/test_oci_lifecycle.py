@@ -11,7 +11,7 @@ import pytest
 from sandlot.errors import Conflict, InvalidRequest, NotFound, RuntimeFailure
 from sandlot.images.model import Image
 from sandlot.runtime.base import ContainerState
-from sandlot.runtime.oci import OciRuntime
+from sandlot.runtime.oci import OciRuntime, removal
 from sandlot.runtime.oci import cgroups as cg
 from tests.runtime.helpers import (
     EXECD_PID,
@@ -210,3 +210,28 @@ async def test_sandboxes_survive_a_new_runtime_instance(
         await second.delete("keep")
         await second.close()
     assert leftovers(second, "keep") == []
+
+
+async def test_a_rootfs_folder_a_crash_left_as_trash_is_swept_at_the_next_open(
+    runtime_data_dir: Path, rt_image: Image
+) -> None:
+    """A delete renames the sandbox's rootfs mount point folder aside, then removes it; a
+    server killed in between left the renamed folder under the data dir's folder in
+    /run/sandlot-rootfs for good (only the data dir's own trash was swept), and with it that
+    folder, which a close removes only when empty."""
+    first = await open_runtime(runtime_data_dir)
+    await first.create(spec("swept", rt_image))
+    await wait_ping(first, "swept")
+    crashed = first._roots_dir / "crashed-delete"
+    (crashed / "rootfs").mkdir(parents=True)
+    trash = removal.set_aside(crashed)  # what remove_tree does before the kill
+    assert trash is not None and trash.exists()
+    await first.close()
+    second = await open_runtime(runtime_data_dir)
+    try:
+        assert not trash.exists()
+        await wait_ping(second, "swept")
+    finally:
+        await second.delete("swept")
+        await second.close()
+    assert not second._roots_dir.exists()

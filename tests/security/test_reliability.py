@@ -25,8 +25,7 @@ import httpx
 import pytest
 
 from sandlot.runtime.oci import cgroups as cg
-from sandlot.runtime.oci.layout import netns_name
-from sandlot.runtime.oci.runtime import ROOTS_DIR
+from sandlot.runtime.oci.layout import ROOTS_DIR, netns_name
 from tests.compat.conftest import (  # noqa: F401
     SandlotServer,
     compat_backend,

@@ -1,4 +1,5 @@
-"""Where one sandbox's files live on the host: everything under ``data_dir/sandboxes/<id>/``."""
+"""Where one sandbox's files live on the host: everything under ``data_dir/sandboxes/<id>/``,
+but the mount points of user-namespaced sandboxes' root file systems (``rootfs_folder``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 NETNS_PREFIX = "sandlot-"
+# Mount points of user-namespaced sandboxes' root file systems (``OciRuntime.rootfs_of``
+# says why not under the data dir), one folder per data dir.
+ROOTS_DIR = Path("/run/sandlot-rootfs")
+
+
+def rootfs_folder(data_dir: Path) -> Path:
+    """``data_dir``'s folder under ``ROOTS_DIR`` (named by a digest of its path)."""
+    return ROOTS_DIR / hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -84,7 +83,7 @@ from sandlot.runtime.oci import (
 )
 from sandlot.runtime.oci import spec as ocispec
 from sandlot.runtime.oci.binary import OciBinary, choose_binary, flavor_of
-from sandlot.runtime.oci.layout import SandboxPaths, netns_name
+from sandlot.runtime.oci.layout import SandboxPaths, netns_name, rootfs_folder
 from sandlot.runtime.oci.pausemode import PauseModes
 from sandlot.runtime.oci.runc import Runc, RuncError
 from sandlot.runtime.oci.snapshot_pools import SnapshotPools
@@ -104,9 +103,6 @@ class ImageSource(Protocol):
     async def pull(self, name: str, auth: RegistryAuth | None = None,
                    progress: Any = None) -> Any: ...
 
-# Mount points of user-namespaced sandboxes' root file systems (see ``rootfs_of``), one
-# folder per data dir.
-ROOTS_DIR = Path("/run/sandlot-rootfs")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _STATES = {
     "creating": ContainerState.CREATED,  # runc: its init is still being set up
@@ -190,8 +186,7 @@ class OciRuntime(Runtime):
         self.user_namespaces = user_namespaces
         self.ranges = uidrange.UidRanges(data_dir / "sandboxes")
         self._userns_fds: dict[int, int] = {}  # uid base -> user namespace fd (reused)
-        digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
-        self._roots_dir = ROOTS_DIR / digest
+        self._roots_dir = rootfs_folder(data_dir)
         self.images = images
         self.execd_port = execd_port
         self.binary = OciBinary(binary, flavor_of(binary))
@@ -331,6 +326,8 @@ class OciRuntime(Runtime):
             else:
                 await NetworkManager.remove_all(cfg, data_dir)  # left by mode "isolated"
             rt.leftovers.start(stale, rt._teardown)
+            # a rootfs mount point's folder that a crash left renamed, not yet removed
+            await asyncio.to_thread(removal.sweep_trash, rt._roots_dir)
             if rt.zygote is not None and rt.user_namespaces:  # the sandboxes it serves
                 try:
                     await rt.zygote.start()
