@@ -9,17 +9,25 @@ from typing import Any
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager, start_new_kernel
 
+# What the code-interpreter image configures for its Python kernel (its recipe): the input
+# history in memory, not an SQLite file committed to after every cell.
+HISTORY_IN_MEMORY = ["--HistoryManager.hist_file=:memory:"]
+
 
 class JupyterBaseline:
-    def __init__(self) -> None:
+    """A host kernel as ``jupyter_client`` starts it: stock, or with ``extra_arguments``."""
+
+    def __init__(self, extra_arguments: list[str] | None = None) -> None:
         self.km: KernelManager | None = None
         self.kc: BlockingKernelClient | None = None
+        self.extra_arguments = list(extra_arguments or [])
 
     def start(self) -> float:
         """Start a python3 kernel and wait until it answers; seconds (the cold kernel start)."""
         t0 = time.perf_counter()
         self.km, self.kc = start_new_kernel(kernel_name="python3", startup_timeout=60,
-                                            stderr=subprocess.DEVNULL)
+                                            stderr=subprocess.DEVNULL,
+                                            extra_arguments=self.extra_arguments)
         return time.perf_counter() - t0
 
     def execute(self, code: str, timeout: float = 60.0) -> tuple[float, set[str]]:

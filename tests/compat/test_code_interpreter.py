@@ -182,6 +182,24 @@ async def check_interrupt(ci: CodeInterpreter, record: Any) -> None:
     await drop(ci, ctx)
 
 
+async def check_history(ci: CodeInterpreter) -> None:
+    """The image's Python kernel keeps its input history in memory (its recipe,
+    docs/compatibility.md): ``%history`` lists the context's cells, and no history database
+    is written in the sandbox."""
+    ctx = await ci.codes.create_context(SupportedLanguage.PYTHON)
+    await ci.codes.run("a = 6", context=ctx)
+    await ci.codes.run("b = a * 7", context=ctx)
+    ex = await ci.codes.run("%history", context=ctx)
+    assert ex.error is None, ex.error
+    listed = "".join(m.text for m in ex.logs.stdout)
+    assert "a = 6" in listed and "b = a * 7" in listed, listed
+    ex = await ci.codes.run(
+        "import os; (get_ipython().history_manager.hist_file, os.path.exists("
+        "os.path.join(get_ipython().profile_dir.location, 'history.sqlite')))", context=ctx)
+    assert ex.error is None and ex.result[0].text == "(':memory:', False)", ex
+    await drop(ci, ctx)
+
+
 async def check_syntax_error(ci: CodeInterpreter) -> None:
     ex = await ci.codes.run("def broken(:\n  pass", language=SupportedLanguage.PYTHON)
     assert ex.error is not None and ex.error.name == "SyntaxError"
@@ -236,6 +254,7 @@ async def test_code_interpreter_image(code_server: SandlotServer, record_propert
         await check_state(ci)
         await check_interrupt(ci, record_property)
         await check_syntax_error(ci)
+        await check_history(ci)
         await check_plot(sandbox, code_server)
         await check_bash_and_js(ci)
     finally:
