@@ -13,6 +13,7 @@ from sandlot.images.model import Image
 from sandlot.runtime.base import ContainerState
 from sandlot.runtime.oci import OciRuntime, removal
 from sandlot.runtime.oci import cgroups as cg
+from sandlot.runtime.oci.layout import rootfs_folder
 from tests.runtime.helpers import (
     EXECD_PID,
     TEST_IMAGES,
@@ -222,7 +223,7 @@ async def test_a_rootfs_folder_a_crash_left_as_trash_is_swept_at_the_next_open(
     first = await open_runtime(runtime_data_dir)
     await first.create(spec("swept", rt_image))
     await wait_ping(first, "swept")
-    crashed = first._roots_dir / "crashed-delete"
+    crashed = rootfs_folder(runtime_data_dir) / "crashed-delete"
     (crashed / "rootfs").mkdir(parents=True)
     trash = removal.set_aside(crashed)  # what remove_tree does before the kill
     assert trash is not None and trash.exists()
@@ -234,4 +235,4 @@ async def test_a_rootfs_folder_a_crash_left_as_trash_is_swept_at_the_next_open(
     finally:
         await second.delete("swept")
         await second.close()
-    assert not second._roots_dir.exists()
+    assert not rootfs_folder(runtime_data_dir).exists()

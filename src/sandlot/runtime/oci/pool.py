@@ -258,9 +258,10 @@ class WarmPool:
 
     async def _make_started(self, image: Image) -> Warm:
         """One make, in a background start slot of the gate (if any), counted as under way
-        while it holds the slot. Between the count's end and ``_fill`` putting the container
-        among the ready there is no suspension, so no waiting claim sees neither; waiting
-        claims look again after every make (one that failed, or was discarded, frees them)."""
+        while it holds the slot. From the count's end to ``_fill`` putting the container
+        among the ready nothing suspends, so a waiting claim never finds the make in neither
+        place; waiting claims look again after every make (one that failed or was discarded
+        frees them)."""
         if self._gate is None:
             return await self._make_uninterrupted(image)
         name = image.name
@@ -270,10 +271,7 @@ class WarmPool:
                 return await self._make_uninterrupted(image)
             finally:
                 self._started[name] -= 1
-                asyncio.get_running_loop().call_soon(self._notify_soon)
-
-    def _notify_soon(self) -> None:
-        self.spawn(self._notify())
+                self.spawn(self._notify())  # runs after this step: after ``_fill``'s append
 
     async def _notify(self) -> None:
         async with self._changed:

@@ -325,9 +325,9 @@ class OciRuntime(Runtime):
                 await network.restore(rt._container_ids() - stale, keep=stale)
             else:
                 await NetworkManager.remove_all(cfg, data_dir)  # left by mode "isolated"
-            rt.leftovers.start(stale, rt._teardown)
-            # a rootfs mount point's folder that a crash left renamed, not yet removed
+            # a rootfs mount point's folder that a crash left renamed (after its unmount)
             await asyncio.to_thread(removal.sweep_trash, rt._roots_dir)
+            rt.leftovers.start(stale, rt._teardown)
             if rt.zygote is not None and rt.user_namespaces:  # the sandboxes it serves
                 try:
                     await rt.zygote.start()
