@@ -83,8 +83,13 @@ class SandlotServer:
         backend: str = "oci",
         docker: PrivateDockerd | None = None,
         k8s: Cluster | None = None,
+        warm_pool_size: int | None = None,
     ):
         self.backend = backend
+        # [runtime] warm_pool_size (None: the default), e.g. 0 for a test of named pools
+        # alone (the server's own pool also serves their creates when its image matches).
+        self._runtime_keys = ("" if warm_pool_size is None
+                              else f"warm_pool_size = {warm_pool_size}\n")
         self.docker = docker
         self.k8s = k8s
         self.data_dir = Path(tempfile.mkdtemp(prefix="slc-", dir="/tmp"))
@@ -107,14 +112,14 @@ class SandlotServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _backend_config(self) -> str:
+        keys = self._runtime_keys
         if self.backend == "docker":
-            return '[runtime]\ntype = "docker"\n[docker]\nnetwork_mode = "bridge"\n'
-        if self.backend == "runsc":
-            return GVISOR_CONFIG
+            return f'[runtime]\ntype = "docker"\n{keys}[docker]\nnetwork_mode = "bridge"\n'
         if self.backend == "kubernetes":
             assert self.k8s is not None
-            return '[runtime]\ntype = "kubernetes"\n' + self.k8s.config_toml()
-        return ""
+            return f'[runtime]\ntype = "kubernetes"\n{keys}' + self.k8s.config_toml()
+        runtime = f"[runtime]\n{keys}" if keys else ""
+        return (GVISOR_CONFIG if self.backend == "runsc" else "") + runtime
 
     @property
     def runtime_type(self) -> str:
@@ -216,8 +221,8 @@ class SandlotServer:
 
     def delete_all_sandboxes(self) -> None:
         """DELETE every sandbox, several at a time (20 one by one took ~20 s on k8s)."""
-        if self.proc is None:
-            return
+        if self.proc is None or self.proc.poll() is not None:
+            return  # never started, or gone
         with self.client() as c:
             items = c.get("/v1/sandboxes", params={"pageSize": 200}).json().get("items", [])
             with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -312,13 +317,15 @@ def compat_backend(request: pytest.FixtureRequest) -> str:
     return backend
 
 
-def _new_server(request: pytest.FixtureRequest, image_root: Path, backend: str) -> SandlotServer:
+def _new_server(request: pytest.FixtureRequest, image_root: Path, backend: str,
+                warm_pool_size: int | None = None) -> SandlotServer:
     docker = None
     if backend == "docker":
         docker = request.getfixturevalue("private_dockerd")
         request.getfixturevalue("docker_base_image")  # python:3.12 in the engine
     k8s = request.getfixturevalue("k8s_images") if backend == "kubernetes" else None
-    return SandlotServer(image_root, backend=backend, docker=docker, k8s=k8s)
+    return SandlotServer(image_root, backend=backend, docker=docker, k8s=k8s,
+                         warm_pool_size=warm_pool_size)
 
 
 @pytest.fixture(scope="module")
@@ -326,8 +333,8 @@ def sandlot_server(
     request: pytest.FixtureRequest, compat_image_root: Path, compat_backend: str
 ) -> Iterator[SandlotServer]:
     server = _new_server(request, compat_image_root, compat_backend)
-    server.start()
     try:
+        server.start()  # a server that fails to start leaves its data dir too
         yield server
     finally:
         server.destroy()
@@ -339,8 +346,21 @@ def fresh_server(
 ) -> Iterator[SandlotServer]:
     """A server of the test's own (for restart tests that kill it)."""
     server = _new_server(request, compat_image_root, compat_backend)
-    server.start()
     try:
+        server.start()  # a server that fails to start leaves its data dir too
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def fresh_server_without_warm_pool(
+    request: pytest.FixtureRequest, compat_image_root: Path, compat_backend: str
+) -> Iterator[SandlotServer]:
+    """``fresh_server`` with ``[runtime] warm_pool_size = 0``."""
+    server = _new_server(request, compat_image_root, compat_backend, warm_pool_size=0)
+    try:
+        server.start()  # a server that fails to start leaves its data dir too
         yield server
     finally:
         server.destroy()

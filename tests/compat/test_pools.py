@@ -1,6 +1,7 @@
 """Named pools (``/v1/pools``, the reference server's shape) and ``extensions.poolRef``: a
 pool of 3 serves creates (with and without an image, through the released SDK too), starts
-cold when drained with the same result, refills, and comes back after a restart."""
+cold when drained with the same result, refills, and comes back after a restart. The server's
+own warm pool is off: it would serve these creates too (its image is the same)."""
 
 from __future__ import annotations
 
@@ -54,8 +55,10 @@ def memory_max(server: SandlotServer, c: httpx.Client, sid: str) -> str:
                     "/sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null")
 
 
-async def test_pool_serves_refills_and_survives_restart(fresh_server: SandlotServer) -> None:
-    server = fresh_server
+async def test_pool_serves_refills_and_survives_restart(
+    fresh_server_without_warm_pool: SandlotServer,
+) -> None:
+    server = fresh_server_without_warm_pool
     with server.client() as c:
         r = c.post("/v1/pools", json=POOL)
         assert r.status_code == 201, r.text
@@ -87,12 +90,23 @@ async def test_pool_serves_refills_and_survives_restart(fresh_server: SandlotSer
         ex = await sdk.commands.run("echo pooled > /workspace/x && cat /workspace/x")
         assert "".join(m.text for m in ex.logs.stdout).strip() == "pooled"
 
-        # Drain it: the creates beyond what is ready start cold, with the same result.
-        more = [c.post("/v1/sandboxes", json=POOLED).json()["id"] for _ in range(4)]
+        # A create its pool cannot serve starts cold with the same result: with bufferMax 0
+        # the pool serves and starts none (a create on a drained pool takes one being
+        # started, runtime/oci/pool.py, so only then is a cold start certain). Then back to
+        # 3, whose ready ones serve three creates.
+        wait_available(c, "trio", 3)
+        empty = {**POOL["capacitySpec"], "bufferMax": 0, "bufferMin": 0}
+        assert c.put("/v1/pools/trio", json={"capacitySpec": empty}).status_code == 200
+        more = [c.post("/v1/sandboxes", json=POOLED).json()["id"]]
+        r = c.put("/v1/pools/trio", json={"capacitySpec": POOL["capacitySpec"]})
+        assert r.status_code == 200
+        wait_available(c, "trio", 3)
+        more += [c.post("/v1/sandboxes", json=POOLED).json()["id"] for _ in range(3)]
         for m in more:
-            wait_state(c, m, "Running")
+            info = wait_state(c, m, "Running")
+            assert info["image"]["uri"] == COMPAT_IMAGE
             assert str(256 * 1024 * 1024) in memory_max(server, c, m)
-        assert not all(claimed(server, m) for m in more)
+        assert [claimed(server, m) for m in more] == [False, True, True, True]
         wait_available(c, "trio", 3)  # refilled
 
         other = {**POOLED, "image": {"uri": "some/other:image"}}
@@ -108,7 +122,7 @@ async def test_pool_serves_refills_and_survives_restart(fresh_server: SandlotSer
         wait_available(c, "trio", 3)
         r = c.put("/v1/pools/trio", json={"capacitySpec": {**POOL["capacitySpec"],
                                                             "bufferMax": 1}})
-        assert r.status_code == 200 and r.json()["status"]["revision"] == "2"
+        assert r.status_code == 200 and r.json()["status"]["revision"] == "4"
         assert c.delete("/v1/pools/trio").status_code == 204
         r = c.get("/v1/pools/trio")
         assert r.status_code == 404 and r.json()["code"] == "KUBERNETES::POOL_NOT_FOUND"
