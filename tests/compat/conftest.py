@@ -328,16 +328,23 @@ def _new_server(request: pytest.FixtureRequest, image_root: Path, backend: str,
                          warm_pool_size=warm_pool_size)
 
 
+def _serving(request: pytest.FixtureRequest, image_root: Path, backend: str,
+             warm_pool_size: int | None = None) -> Iterator[SandlotServer]:
+    """A started server, destroyed after; one that fails to start is destroyed too (its data
+    dir was left behind)."""
+    server = _new_server(request, image_root, backend, warm_pool_size)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
 @pytest.fixture(scope="module")
 def sandlot_server(
     request: pytest.FixtureRequest, compat_image_root: Path, compat_backend: str
 ) -> Iterator[SandlotServer]:
-    server = _new_server(request, compat_image_root, compat_backend)
-    try:
-        server.start()  # a server that fails to start leaves its data dir too
-        yield server
-    finally:
-        server.destroy()
+    yield from _serving(request, compat_image_root, compat_backend)
 
 
 @pytest.fixture
@@ -345,12 +352,7 @@ def fresh_server(
     request: pytest.FixtureRequest, compat_image_root: Path, compat_backend: str
 ) -> Iterator[SandlotServer]:
     """A server of the test's own (for restart tests that kill it)."""
-    server = _new_server(request, compat_image_root, compat_backend)
-    try:
-        server.start()  # a server that fails to start leaves its data dir too
-        yield server
-    finally:
-        server.destroy()
+    yield from _serving(request, compat_image_root, compat_backend)
 
 
 @pytest.fixture
@@ -358,12 +360,7 @@ def fresh_server_without_warm_pool(
     request: pytest.FixtureRequest, compat_image_root: Path, compat_backend: str
 ) -> Iterator[SandlotServer]:
     """``fresh_server`` with ``[runtime] warm_pool_size = 0``."""
-    server = _new_server(request, compat_image_root, compat_backend, warm_pool_size=0)
-    try:
-        server.start()  # a server that fails to start leaves its data dir too
-        yield server
-    finally:
-        server.destroy()
+    yield from _serving(request, compat_image_root, compat_backend, warm_pool_size=0)
 
 
 # A raw create body and a state wait shared by the raw-HTTP compat tests.
