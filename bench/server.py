@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from sandlot import datadir
+from sandlot.runtime.oci import mounts
 from sandlot.runtime.oci.layout import netns_name, rootfs_folder
 
 REPO = Path(__file__).resolve().parent.parent
@@ -270,11 +271,6 @@ def _cgroup_dirs(pid: int) -> list[Path]:
     return dirs
 
 
-def _mounted_under(folder: Path) -> bool:
-    with open("/proc/self/mountinfo") as fh:
-        return any(line.split()[4].startswith(f"{folder}/") for line in fh)
-
-
 def reap_leftovers(root: Path) -> list[str]:
     """Remove what the private server left of its sandboxes after it stopped: processes in
     the cgroups of sandboxes under ``root`` (only those: every one was made by this run),
@@ -298,11 +294,7 @@ def reap_leftovers(root: Path) -> list[str]:
         time.sleep(0.5)
     # Their root file systems are mounted in the data dir's folder under /run (layout.py).
     roots = rootfs_folder(root / "data")
-    mounts: list[str] = []
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as fh:
-        mounts = [point for line in fh
-                  if (point := line.split()[4]).startswith((f"{root}/", f"{roots}/"))]
-    for point in sorted(mounts, key=len, reverse=True):
+    for point in mounts.mounts_under(root, roots):  # deepest first
         found.append(f"mount {point}")
         if subprocess.run(["umount", point], capture_output=True, check=False).returncode:
             subprocess.run(["umount", "-l", point], capture_output=True, check=False)
@@ -313,7 +305,7 @@ def reap_leftovers(root: Path) -> list[str]:
         if (Path("/run/netns") / name).exists():
             found.append(f"netns {name}")
             subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
-    if roots.is_dir() and not _mounted_under(roots):  # never remove through a mount
+    if roots.is_dir() and not mounts.mounts_under(roots):  # never remove through a mount
         found.append(f"folder {roots}")
         shutil.rmtree(roots, ignore_errors=True)
     return found

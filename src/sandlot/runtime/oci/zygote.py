@@ -191,18 +191,20 @@ class ZygoteLauncher:
         (~250 ms of CPU) overlap the server's own start-up instead of delaying the first
         cold create. Only the process is spawned; its first launch waits for the imports."""
         async with self._lock:
-            if self.pid is None or self._sock is None:
-                await self._stop()
-                await self._start()
+            await self._ensure_running()
+
+    async def _ensure_running(self) -> None:
+        """(Re)start the zygote unless it runs; under ``_lock``."""
+        if self.pid is None or self._sock is None:
+            await self._stop()
+            await self._start()
 
     async def launch(self, init_pid: int, container_id: str, plan: dict[str, Any], token: str,
                      stdio: Path) -> int:
         """Start execd inside ``container_id``; its host pid. One retry on a fresh zygote."""
         async with self._lock:
             for attempt in (1, 2):
-                if self.pid is None or self._sock is None:
-                    await self._stop()
-                    await self._start()
+                await self._ensure_running()
                 header, fds = await asyncio.to_thread(open_launch_fds, init_pid, container_id,
                                                       plan, token, stdio)
                 try:
