@@ -24,8 +24,9 @@ from pathlib import Path
 import httpx
 
 from sandlot import datadir
-from sandlot.runtime.oci import mounts
+from sandlot.runtime.oci import cgroups, mounts
 from sandlot.runtime.oci.layout import netns_name, rootfs_folder
+from sandlot.runtime.oci.runsc import access_netns_name
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_IMAGE_CACHE = Path(os.environ.get("SANDLOT_BENCH_IMAGE_DATA_DIR", "/var/lib/sandlot"))
@@ -274,13 +275,13 @@ def _cgroup_dirs(pid: int) -> list[Path]:
 def reap_leftovers(root: Path) -> list[str]:
     """Remove what the private server left of its sandboxes after it stopped: processes in
     the cgroups of sandboxes under ``root`` (only those: every one was made by this run),
-    their cgroups, and mounts under ``root``. Returns what it found, for the report."""
+    their cgroups (empty ones too), their network namespaces, and mounts under ``root`` and
+    in its rootfs folder. Returns what it found, for the report."""
     import psutil
 
     found: list[str] = []
     sandboxes = root / "data" / "sandboxes"
     ids = {p.name for p in sandboxes.iterdir()} if sandboxes.is_dir() else set()
-    cgroups: set[Path] = set()
     if ids:
         for proc in psutil.process_iter(["pid"]):
             pid = int(proc.info["pid"])
@@ -288,7 +289,6 @@ def reap_leftovers(root: Path) -> list[str]:
             if any(d.name in ids for d in dirs):
                 found.append(f"process {pid} of sandbox "
                              f"{next(d.name for d in dirs if d.name in ids)}")
-                cgroups.update(d for d in dirs if d.name in ids)
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
         time.sleep(0.5)
@@ -298,10 +298,15 @@ def reap_leftovers(root: Path) -> list[str]:
         found.append(f"mount {point}")
         if subprocess.run(["umount", point], capture_output=True, check=False).returncode:
             subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-    for cg in cgroups:
-        with contextlib.suppress(OSError):
-            cg.rmdir()
-    for name in sorted(netns_name(sid) for sid in ids):
+    # Empty ones too: a run killed whole (its sandboxes' processes with it) leaves those.
+    for sid in sorted(ids):
+        if cgroups.sandbox_cgroup_dirs(sid):
+            found.append(f"cgroup {sid}")
+            with contextlib.suppress(OSError):
+                cgroups.remove_sandbox_cgroups(sid)
+    # A gVisor sandbox has a second namespace beside its own, the host's way in (runsc.py).
+    names = {netns_name(sid) for sid in ids}
+    for name in sorted(names | {access_netns_name(n) for n in names}):
         if (Path("/run/netns") / name).exists():
             found.append(f"netns {name}")
             subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)

@@ -5,7 +5,10 @@ reach its server says so and still stops it (CI saw a bare ConnectError from a s
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,9 @@ from bench.server import SandlotServer, image_cache_images, leftovers, reap_left
 
 from sandlot.images.model import Image
 from sandlot.images.store import ImageStore
+from sandlot.runtime.oci import cgroups
 from sandlot.runtime.oci.layout import netns_name, rootfs_folder
+from sandlot.runtime.oci.runsc import access_netns_name
 
 needs_runc = pytest.mark.skipif(shutil.which("runc") is None, reason="needs runc")
 
@@ -62,6 +67,33 @@ def test_a_sweep_of_a_server_that_does_not_answer_says_so_and_stops_it(tmp_path:
         server.remove()
 
 
+def test_the_last_resort_clean_up_takes_what_a_run_killed_whole_left(tmp_path: Path) -> None:
+    """A run killed with its sandboxes' processes (a session's end) left their cgroups empty,
+    which the reaper, finding them through processes, never removed; and a gVisor sandbox's
+    second network namespace (the host's way in, ``-a``), one per sandbox."""
+    sandbox_id = "sbx-reaper-" + secrets.token_hex(4)
+    (tmp_path / "data" / "sandboxes" / sandbox_id).mkdir(parents=True)
+    names = [netns_name(sandbox_id), access_netns_name(netns_name(sandbox_id))]
+    made = [m / cgroups.PARENT / sandbox_id for m in cgroups.cgroup_mounts()
+            if (m / cgroups.PARENT).is_dir()]
+    try:
+        for name in names:
+            subprocess.run(["ip", "netns", "add", name], check=True)
+        for d in made:
+            d.mkdir()
+        found = reap_leftovers(tmp_path)
+        assert sorted(found) == sorted([f"cgroup {sandbox_id}"] * bool(made)
+                                       + [f"netns {n}" for n in names])
+        assert not any((Path("/run/netns") / n).exists() for n in names)
+        assert cgroups.sandbox_cgroup_dirs(sandbox_id) == []
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+        for d in made:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
 @needs_runc
 def test_the_last_resort_clean_up_takes_a_stopped_servers_sandboxes_whole(
     image_store: ImageStore, base_image: Image
@@ -88,6 +120,7 @@ def test_the_last_resort_clean_up_takes_a_stopped_servers_sandboxes_whole(
         found = reap_leftovers(server.root)
         assert any(f.startswith("process ") for f in found), found
         assert f"netns {netns.name}" in found and f"folder {roots}" in found
+        assert f"cgroup {sandbox_id}" in found and not cgroups.sandbox_cgroup_dirs(sandbox_id)
         assert not netns.exists() and not roots.exists()
         assert leftovers(server.root) == []
     finally:
