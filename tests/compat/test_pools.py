@@ -92,11 +92,13 @@ async def test_pool_serves_refills_and_survives_restart(
 
         # A create its pool cannot serve starts cold with the same result: with bufferMax 0
         # the pool serves and starts none (a create on a drained pool takes one being
-        # started, runtime/oci/pool.py, so only then is a cold start certain). Then back to
-        # 3, whose ready ones serve three creates.
+        # started, runtime/oci/pool.py, so only then is a cold start certain), and its ready
+        # ones are deleted (they would idle unused). Then back to 3, whose ready ones serve
+        # three creates.
         wait_available(c, "trio", 3)
         empty = {**POOL["capacitySpec"], "bufferMax": 0, "bufferMin": 0}
-        assert c.put("/v1/pools/trio", json={"capacitySpec": empty}).status_code == 200
+        r = c.put("/v1/pools/trio", json={"capacitySpec": empty})
+        assert r.status_code == 200 and r.json()["status"]["available"] == 0, r.text
         more = [c.post("/v1/sandboxes", json=POOLED).json()["id"]]
         r = c.put("/v1/pools/trio", json={"capacitySpec": POOL["capacitySpec"]})
         assert r.status_code == 200
@@ -123,6 +125,7 @@ async def test_pool_serves_refills_and_survives_restart(
         r = c.put("/v1/pools/trio", json={"capacitySpec": {**POOL["capacitySpec"],
                                                             "bufferMax": 1}})
         assert r.status_code == 200 and r.json()["status"]["revision"] == "4"
+        assert r.json()["status"]["available"] == 1  # the surplus two deleted
         assert c.delete("/v1/pools/trio").status_code == 204
         r = c.get("/v1/pools/trio")
         assert r.status_code == 404 and r.json()["code"] == "KUBERNETES::POOL_NOT_FOUND"

@@ -140,6 +140,18 @@ class WarmPool:
                 self.spawn(self._discard(w.container_id))
         self._kick(image.name)
 
+    def resize(self, size: int) -> None:
+        """Keep ``size`` ready containers per image from now on. Ready ones beyond it are
+        deleted: they would idle on the host unused (at 0 the pool serves none, and a
+        named pool's ``bufferMax`` or ``poolMax`` room can fall to 0), as a Kubernetes
+        pool's surplus Pods are."""
+        self.size = max(0, size)
+        for ready in self._ready.values():
+            while len(ready) > self.size:
+                self.spawn(self._discard(ready.pop().container_id))
+        for name in self._images:
+            self._kick(name)
+
     def take(self, image: Image) -> Warm | None:
         """A ready warm container of exactly this image, if any; the pool refills after."""
         if not self.wants(image):
@@ -249,7 +261,8 @@ class WarmPool:
             finally:
                 self._making[name] -= 1
             failures = 0
-            if self._images.get(name) is not image:  # re-pointed while we built it
+            # re-pointed or shrunk while we built it
+            if self._images.get(name) is not image or self.ready_count(name) >= self.size:
                 await self._discard(warm.container_id)
                 continue
             self._ready.setdefault(name, []).append(warm)

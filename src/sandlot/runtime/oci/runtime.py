@@ -708,7 +708,7 @@ class OciRuntime(Runtime):
                            "serves it)")
         current = self.named_pools.get(name)
         if current is not None and current[1] == local.name:
-            current[0].size = max(0, size)
+            current[0].resize(size)
             current[0].prewarm(local)
             return
         if current is not None:
