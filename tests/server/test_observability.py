@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -16,6 +17,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.parser import text_string_to_metric_families
 
 from sandlot.runtime.execd_client import TOKEN_HEADER
+from sandlot.server import app as server_app
+from sandlot.server import route_warmup
+from sandlot.server.route_warmup import NO_SUCH_PATH
 from tests.server.conftest import API_KEY, Harness
 
 BODY = {"image": {"uri": "python:3.12"}, "entrypoint": ["tail", "-f", "/dev/null"],
@@ -177,6 +181,32 @@ async def test_websocket_traffic_through_the_proxy_is_counted(
         before, "sandlot_proxy_bytes_total", direction="to_sandbox")
     assert sent >= len("hello through the proxy" if harness.kind == "fake" else "echo W$((6*7))W")
     await client.delete(f"/v1/sandboxes/{sid}")
+
+
+@pytest.mark.fake_only
+async def test_the_route_warm_up_at_start_is_not_a_request(
+    harness: Harness, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route tables are built at start by one request routed around the middleware
+    (route_warmup.py): it is not counted (nor traced or logged), and its 404 is dropped."""
+    routed: list[object] = []
+
+    async def recorded(router: Any) -> None:
+        routed.append(router)
+        await route_warmup.build_routes(router)
+
+    monkeypatch.setattr(server_app, "build_routes", recorded)
+    await harness.stop()
+    await harness.start()
+    assert harness.app is not None and routed == [harness.app.router]
+    counted = [labels for (name, labels) in (await scrape(client))
+               if name == "sandlot_http_requests_total"]
+    assert not [labels for labels in counted if ("status", "404") in labels], counted
+    r = await client.get(NO_SUCH_PATH)
+    assert r.status_code == 404
+    after = [labels for (name, labels) in (await scrape(client))
+             if name == "sandlot_http_requests_total" and ("status", "404") in labels]
+    assert len(after) == 1, after  # a client's own 404 is
 
 
 @pytest.mark.fake_only

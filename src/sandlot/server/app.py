@@ -28,6 +28,7 @@ from sandlot.server.body_limit import BodyLimitMiddleware
 from sandlot.server.errors import install_error_handlers
 from sandlot.server.observability import Observability
 from sandlot.server.pools import PoolService
+from sandlot.server.route_warmup import build_routes
 from sandlot.server.service import SandboxService
 from sandlot.server.snapshots import SnapshotService
 from sandlot.server.store import SandboxStore
@@ -80,6 +81,7 @@ def create_app(cfg: Config, runtime: Runtime) -> FastAPI:
             observability.run()
             await templates.start()  # before the pools: a pool may start from a template
             await pools.start()
+            await build_routes(app.router)  # every router and route is in place by now
             yield
         finally:
             await templates.stop()
