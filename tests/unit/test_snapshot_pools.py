@@ -9,6 +9,7 @@ import itertools
 from pathlib import Path
 
 from sandlot.images.model import Image
+from sandlot.runtime.admission import StartGate
 from sandlot.runtime.oci.pool import Warm
 from sandlot.runtime.oci.snapshot_pools import SnapshotPools
 
@@ -94,3 +95,39 @@ async def test_size_zero_is_off() -> None:
     pools = SnapshotPools(0, 4, 600, fake.make, fake.discard)
     assert pools.take("a", _image("a")) is None
     assert pools.kept() == [] and not fake.live
+
+
+class HeldStarts(FakeStarts):
+    """Starts that end when the test releases them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.begun = 0
+        self._held: list[asyncio.Future[None]] = []
+
+    async def make(self, image: Image) -> Warm:
+        self.begun += 1
+        held: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._held.append(held)
+        await held
+        return await super().make(image)
+
+    def release(self) -> None:
+        next(h for h in self._held if not h.done()).set_result(None)
+
+
+async def test_a_create_from_a_snapshot_takes_the_warm_start_under_way() -> None:
+    """As the image pools (``WarmPool.claim``): a create that finds none ready while the
+    snapshot's pool is starting one waits for it rather than start a container beside it."""
+    fake = HeldStarts()
+    pools = SnapshotPools(1, 4, 600, fake.make, fake.discard, gate=StartGate(slots=4))
+    assert await pools.claim("a", _image("a")) is None  # the first starts the pool: cold
+    await _until(lambda: fake.begun == 1)
+    claiming = asyncio.ensure_future(pools.claim("a", _image("a")))
+    await asyncio.sleep(0.05)
+    assert not claiming.done()  # waiting for the start under way
+    fake.release()
+    warm = await claiming
+    assert warm is not None and warm.container_id in fake.live
+    assert pools.stats()["snapshot/a"].claims == 1
+    await pools.stop()

@@ -204,10 +204,10 @@ class DockerRuntime(Runtime):
 
     async def _take_warm(self, spec: SandboxSpec,
                          image: images.EngineImage) -> pool.Warm | None:
-        """A warm container of the snapshot's pool, or of the server's pool for an image
-        (one being started if none is ready: ``WarmPool.claim``)."""
+        """A warm container of the snapshot's pool or of the server's pool for an image (one
+        being started if none is ready: ``WarmPool.claim``)."""
         if spec.snapshot_id is not None:
-            return self.snapshot_pools.take(
+            return await self.snapshot_pools.claim(
                 spec.snapshot_id, _pool_key(snapshots.image_ref(spec.snapshot_id), image))
         return await self.pool.claim(_pool_key(spec.image.reference, image))
 

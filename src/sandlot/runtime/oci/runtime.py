@@ -692,7 +692,7 @@ class OciRuntime(Runtime):
         named = self.named_pools.get(spec.extensions.get("poolRef", ""))
         warm = await named[0].claim(image) if named is not None else None
         if warm is None and named is None and spec.snapshot_id is not None:
-            return self.snapshot_pools.take(spec.snapshot_id, image)
+            return await self.snapshot_pools.claim(spec.snapshot_id, image)
         return warm if warm is not None else await self.pool.claim(image)
 
     async def ensure_pool(self, name: str, image: ImageRef, size: int,

@@ -71,6 +71,30 @@ class SnapshotPools:
     def take(self, snapshot_id: str, image: Image) -> Warm | None:
         """A warm container of the snapshot, if one is ready. A miss starts (or re-points)
         the snapshot's pool, so the next create from it is a claim."""
+        kept = self._kept_for(snapshot_id, image)
+        if kept is None:
+            return None
+        warm = kept.pool.take(image)  # a claim refills after it
+        if warm is None:
+            kept.pool.prewarm(image)  # fills; a no-op while it is filling already
+        return warm
+
+    async def claim(self, snapshot_id: str, image: Image) -> Warm | None:
+        """``take``; when none is ready but the pool is starting one that no other create
+        waits for, wait for it (``WarmPool.claim``) rather than start a container beside
+        it. Safe against the snapshot's delete: the create marked its use before (the
+        delete is refused while a use is marked)."""
+        kept = self._kept_for(snapshot_id, image)
+        if kept is None:
+            return None
+        warm = await kept.pool.claim(image)
+        if warm is None:
+            kept.pool.prewarm(image)
+        return warm
+
+    def _kept_for(self, snapshot_id: str, image: Image) -> _Kept | None:
+        """The snapshot's pool, started now if it has none; None when pools are off or
+        the snapshot is being deleted."""
         if not self.enabled or snapshot_id in self._blocked:
             return None
         kept = self._kept.get(snapshot_id)
@@ -81,10 +105,7 @@ class SnapshotPools:
                          parallel=self._parallel, gate=self._gate), self._clock())
             self._start_reaper()
         kept.last_used = self._clock()
-        warm = kept.pool.take(image)  # a claim refills after it
-        if warm is None:
-            kept.pool.prewarm(image)  # fills; a no-op while it is filling already
-        return warm
+        return kept
 
     def _make_room(self) -> None:
         while len(self._kept) >= self.max_pools:
