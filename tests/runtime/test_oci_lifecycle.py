@@ -119,6 +119,23 @@ async def test_limits_are_applied(oci_runtime: OciRuntime, rt_image: Image) -> N
     assert "refused" in r.stdout
 
 
+async def test_usage_of_many_sandboxes_is_read_in_one_go(
+    oci_runtime: OciRuntime, rt_image: Image
+) -> None:
+    """The monitor's sample of every live sandbox (``usage_many``): the same figures as one
+    by one, None for one that is gone or not a sandbox id."""
+    rt = oci_runtime
+    await rt.create(spec("use", rt_image, memory_bytes=256 << 20))
+    found = await rt.usage_many(["use", "gone", "not an id!"])
+    assert set(found) == {"use", "gone", "not an id!"}
+    one = await rt.usage("use")
+    many = found["use"]
+    assert one is not None and many is not None
+    assert many.memory_limit_bytes == one.memory_limit_bytes == 256 << 20
+    assert many.memory_bytes and many.cpu_seconds is not None and many.oom_kills == 0
+    assert found["gone"] is None and found["not an id!"] is None
+
+
 async def test_runtime_pids_limit_caps_the_request(runtime_data_dir: Path, rt_image: Image) -> None:
     from sandlot.config import Config
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import enum
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -289,6 +289,18 @@ class Runtime(abc.ABC):
         Cheap enough to be sampled every few seconds for every sandbox (metrics, OOM events).
         """
         return None
+
+    async def usage_many(self, sandbox_ids: Sequence[str]) -> dict[str, ResourceUsage | None]:
+        """``usage`` of each sandbox (None for one that failed or is gone): the periodic
+        sample of every live sandbox. One by one here; a runtime that reads them all in one
+        worker-thread hop overrides it."""
+        found: dict[str, ResourceUsage | None] = {}
+        for sandbox_id in sandbox_ids:
+            try:
+                found[sandbox_id] = await self.usage(sandbox_id)
+            except Exception:  # noqa: BLE001 - a sandbox going away while sampled
+                found[sandbox_id] = None
+        return found
 
     async def init_log(self, sandbox_id: str, max_bytes: int) -> tuple[bytes, bool] | None:
         """The last ``max_bytes`` of what the sandbox's init (execd) wrote to stdout/stderr,

@@ -77,6 +77,17 @@ def usage_of_path(relative: str) -> ResourceUsage | None:
     return usage_v1(mem, ROOT / "cpuacct" / relative) if mem.is_dir() else None
 
 
+def usage_of_paths(relatives: dict[str, str]) -> dict[str, ResourceUsage | None]:
+    """``usage_of_path`` of each value, by key; one that cannot be read is None."""
+    found: dict[str, ResourceUsage | None] = {}
+    for key, relative in relatives.items():
+        try:
+            found[key] = usage_of_path(relative)
+        except OSError:
+            found[key] = None
+    return found
+
+
 def usage_v2(d: Path) -> ResourceUsage | None:
     memory = _int(d / "memory.current")
     if memory is None and not d.is_dir():

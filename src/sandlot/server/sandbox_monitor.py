@@ -64,6 +64,11 @@ class SandboxMonitor:
             usage = await self.service.runtime.usage(sandbox_id)
         except Exception:  # noqa: BLE001 - a sandbox going away while sampled
             usage = None
+        return self._record(sandbox_id, usage)
+
+    def _record(self, sandbox_id: str, usage: ResourceUsage | None) -> Sample | None:
+        """Keep ``usage`` as the sandbox's latest sample; an OOM kill counted since the last
+        one becomes an event."""
         if usage is None:
             return None
         found = Sample(time.time(), usage)
@@ -136,11 +141,22 @@ class SandboxMonitor:
             await asyncio.sleep(self.interval if self.interval > 0 else _PURGE_EVERY)
 
     async def _sample_all(self) -> None:
+        """Every live sandbox, read together (``Runtime.usage_many``)."""
         live = {r.id for r in self.service.records() if r.state in _SAMPLED}
         for gone in set(self._latest) - live:
             self.forget(gone)
-        for sandbox_id in live:
-            await self.sample(sandbox_id)
+        if not live:
+            return
+        try:
+            usages = await self.service.runtime.usage_many(sorted(live))
+        except Exception:  # noqa: BLE001 - tried again at the next tick
+            log.warning("sampling the sandboxes' usage failed", exc_info=True)
+            return
+        for sandbox_id, usage in usages.items():
+            # A sandbox that ended while the batch was read is not sampled back to life.
+            rec = self.service.record(sandbox_id)
+            if rec is not None and rec.state in _SAMPLED:
+                self._record(sandbox_id, usage)
 
     async def _purge(self) -> None:
         keep = {r.id for r in self.service.records()}

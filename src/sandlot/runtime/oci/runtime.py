@@ -29,6 +29,7 @@ import secrets
 import shutil
 import socket
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -909,6 +910,14 @@ class OciRuntime(Runtime):
         _check_id(sandbox_id)
         path = cgroups.cgroups_path(self.container_id(sandbox_id))
         return await asyncio.to_thread(cgroupstats.usage_of_path, path)
+
+    async def usage_many(self, sandbox_ids: Sequence[str]) -> dict[str, ResourceUsage | None]:
+        """All in one worker-thread hop: a hop per sandbox woke the event loop once each,
+        which in an idle server with 60 sandboxes was most of its CPU (measured)."""
+        paths = {sid: cgroups.cgroups_path(self.container_id(sid)) for sid in sandbox_ids
+                 if _ID_RE.match(sid)}
+        found = await asyncio.to_thread(cgroupstats.usage_of_paths, paths)
+        return {sid: found.get(sid) for sid in sandbox_ids}
 
     async def init_log(self, sandbox_id: str, max_bytes: int) -> tuple[bytes, bool] | None:
         _check_id(sandbox_id)
