@@ -8,6 +8,8 @@ import asyncio
 import itertools
 from pathlib import Path
 
+from tests.unit.warm_starts import until
+
 from sandlot.images.model import Image
 from sandlot.runtime.admission import StartGate
 from sandlot.runtime.oci.pool import Warm
@@ -34,19 +36,13 @@ def _image(snapshot_id: str) -> Image:
                  lower_dirs=[Path("/nonexistent")])
 
 
-async def _until(check: object, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():  # type: ignore[operator]
-            await asyncio.sleep(0.01)
-
-
 async def test_miss_starts_a_pool_and_the_next_create_claims() -> None:
     fake = FakeStarts()
     pools = SnapshotPools(2, 4, 600, fake.make, fake.discard)
-    assert pools.take("a", _image("a")) is None
+    assert await pools.claim("a", _image("a")) is None
     assert pools.kept() == ["a"]
     await pools.wait_full("a", timeout=5)
-    warm = pools.take("a", _image("a"))
+    warm = await pools.claim("a", _image("a"))
     assert warm is not None and warm.container_id in fake.live
     assert pools.stats()["snapshot/a"].claims == 1
     await pools.stop()
@@ -57,34 +53,34 @@ async def test_cap_drains_the_least_recently_used() -> None:
     fake = FakeStarts()
     pools = SnapshotPools(1, 2, 600, fake.make, fake.discard)
     for sid in ("a", "b"):
-        pools.take(sid, _image(sid))
+        await pools.claim(sid, _image(sid))
         await pools.wait_full(sid, timeout=5)
-    pools.take("a", _image("a"))  # a is used again: b is now the oldest
-    pools.take("c", _image("c"))
+    await pools.claim("a", _image("a"))  # a is used again: b is now the oldest
+    await pools.claim("c", _image("c"))
     assert pools.kept() == ["a", "c"]
     await pools.wait_full("c", timeout=5)
-    await _until(lambda: len(fake.live) == 2)  # a's claimed one, c's; b's removed
+    await until(lambda: len(fake.live) == 2)  # a's claimed one, c's; b's removed
     await pools.stop()
 
 
 async def test_idle_pool_is_drained() -> None:
     fake = FakeStarts()
     pools = SnapshotPools(1, 4, 0.2, fake.make, fake.discard)
-    pools.take("a", _image("a"))
-    await _until(lambda: pools.kept() == [] and not fake.live)
+    await pools.claim("a", _image("a"))
+    await until(lambda: pools.kept() == [] and not fake.live)
     await pools.stop()
 
 
 async def test_a_draining_snapshot_starts_no_pool() -> None:
     fake = FakeStarts()
     pools = SnapshotPools(1, 4, 600, fake.make, fake.discard)
-    pools.take("a", _image("a"))
+    await pools.claim("a", _image("a"))
     await pools.wait_full("a", timeout=5)
     async with pools.draining("a"):
         assert not fake.live and pools.kept() == []
-        assert pools.take("a", _image("a")) is None
+        assert await pools.claim("a", _image("a")) is None
         assert pools.kept() == []
-    assert pools.take("a", _image("a")) is None  # after the delete: a pool again
+    assert await pools.claim("a", _image("a")) is None  # after the delete: a pool again
     assert pools.kept() == ["a"]
     await pools.stop()
     assert not fake.live
@@ -93,7 +89,7 @@ async def test_a_draining_snapshot_starts_no_pool() -> None:
 async def test_size_zero_is_off() -> None:
     fake = FakeStarts()
     pools = SnapshotPools(0, 4, 600, fake.make, fake.discard)
-    assert pools.take("a", _image("a")) is None
+    assert await pools.claim("a", _image("a")) is None
     assert pools.kept() == [] and not fake.live
 
 
@@ -122,7 +118,7 @@ async def test_a_create_from_a_snapshot_takes_the_warm_start_under_way() -> None
     fake = HeldStarts()
     pools = SnapshotPools(1, 4, 600, fake.make, fake.discard, gate=StartGate(slots=4))
     assert await pools.claim("a", _image("a")) is None  # the first starts the pool: cold
-    await _until(lambda: fake.begun == 1)
+    await until(lambda: fake.begun == 1)
     claiming = asyncio.ensure_future(pools.claim("a", _image("a")))
     await asyncio.sleep(0.05)
     assert not claiming.done()  # waiting for the start under way

@@ -6,56 +6,27 @@ the start fails or its patience runs out."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from pathlib import Path
 
+from tests.unit.warm_starts import Starts, until
+
 from sandlot.images.model import Image
 from sandlot.runtime.admission import StartGate
-from sandlot.runtime.oci.pool import Warm, WarmPool
+from sandlot.runtime.oci.pool import WarmPool
 
 IMAGE = Image(name="base", id="sha256:base", lower_dirs=[Path("/nonexistent")])
 
 
-class HeldStarts:
-    """Warm starts that end when the test says so (``release``), or fail (``fail``)."""
-
-    def __init__(self) -> None:
-        self.begun = 0
-        self.discarded: list[str] = []
-        self._ids = itertools.count()
-        self._gates: list[asyncio.Future[bool]] = []
-
-    async def make(self, image: Image) -> Warm:
-        self.begun += 1
-        gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._gates.append(gate)
-        if not await gate:
-            raise RuntimeError("warm start failed")
-        return Warm(f"_pool-{next(self._ids)}", "tok", image.id)
-
-    async def discard(self, cid: str) -> None:
-        self.discarded.append(cid)
-
-    def release(self, ok: bool = True) -> None:
-        next(g for g in self._gates if not g.done()).set_result(ok)
-
-
-async def _until(check: object, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():  # type: ignore[operator]
-            await asyncio.sleep(0.005)
-
-
-async def _pool(starts: HeldStarts, gate: StartGate, size: int = 1) -> WarmPool:
+async def _pool(starts: Starts, gate: StartGate, size: int = 1) -> WarmPool:
     pool = WarmPool(size, ["base"], starts.make, starts.discard, parallel=1, gate=gate)
     pool.prewarm(IMAGE)
-    await _until(lambda: starts.begun == 1)  # its first warm start holds a slot
+    await until(lambda: starts.begun == 1)  # its first warm start holds a slot
     return pool
 
 
 async def test_a_claim_takes_the_container_being_started() -> None:
-    starts, gate = HeldStarts(), StartGate(slots=4)
+    starts, gate = Starts(hold=True), StartGate(slots=4)
     pool = await _pool(starts, gate)
     claim = asyncio.ensure_future(pool.claim(IMAGE))
     await asyncio.sleep(0.05)
@@ -70,7 +41,7 @@ async def test_a_claim_takes_the_container_being_started() -> None:
 async def test_no_wait_without_a_start_holding_a_slot() -> None:
     """A refill queued behind a request's start is not under way: waiting for it would wait
     for the create's own start."""
-    starts, gate = HeldStarts(), StartGate(slots=1)
+    starts, gate = Starts(hold=True), StartGate(slots=1)
     async with gate.slot():  # a request's start holds the only slot
         pool = WarmPool(1, ["base"], starts.make, starts.discard, gate=gate)
         pool.prewarm(IMAGE)
@@ -84,7 +55,7 @@ async def test_no_wait_without_a_start_holding_a_slot() -> None:
 
 
 async def test_one_start_under_way_serves_one_waiting_claim() -> None:
-    starts, gate = HeldStarts(), StartGate(slots=4)
+    starts, gate = Starts(hold=True), StartGate(slots=4)
     pool = await _pool(starts, gate)
     first = asyncio.ensure_future(pool.claim(IMAGE))
     await asyncio.sleep(0.02)
@@ -97,7 +68,7 @@ async def test_one_start_under_way_serves_one_waiting_claim() -> None:
 
 
 async def test_a_failed_start_frees_its_waiting_claim() -> None:
-    starts, gate = HeldStarts(), StartGate(slots=4)
+    starts, gate = Starts(hold=True), StartGate(slots=4)
     pool = await _pool(starts, gate)
     claim = asyncio.ensure_future(pool.claim(IMAGE, patience=5.0))
     await asyncio.sleep(0.02)
@@ -110,24 +81,24 @@ async def test_a_failed_start_frees_its_waiting_claim() -> None:
 
 
 async def test_a_stalled_start_holds_a_claim_only_its_patience() -> None:
-    starts, gate = HeldStarts(), StartGate(slots=4)
+    starts, gate = Starts(hold=True), StartGate(slots=4)
     pool = await _pool(starts, gate)
     t0 = time.monotonic()
     assert await pool.claim(IMAGE, patience=0.2) is None
     assert 0.2 <= time.monotonic() - t0 < 1.0
     starts.release()  # the stalled start ends: its container joins the pool
-    await _until(lambda: pool.ready_count("base") == 1)
+    await until(lambda: pool.ready_count("base") == 1)
     await pool.stop()
 
 
 async def test_the_pools_starts_hold_background_slots() -> None:
     """Warm starts take the gate's background slots: none begins while a request's start
     runs, and a request's start is not kept waiting by them."""
-    starts, gate = HeldStarts(), StartGate(slots=2)
+    starts, gate = Starts(hold=True), StartGate(slots=2)
     pool = await _pool(starts, gate, size=1)
     assert gate.running == 1 and gate.running_requests == 0
     async with gate.slot():  # a request gets the free slot beside the warm start
         assert gate.running_requests == 1
     starts.release()
-    await _until(lambda: gate.running == 0)
+    await until(lambda: gate.running == 0)
     await pool.stop()

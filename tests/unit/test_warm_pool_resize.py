@@ -6,46 +6,14 @@ size refills."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 from pathlib import Path
 
+from tests.unit.warm_starts import Starts, until
+
 from sandlot.images.model import Image
-from sandlot.runtime.oci.pool import Warm, WarmPool
+from sandlot.runtime.oci.pool import WarmPool
 
 IMAGE = Image(name="base", id="sha256:base", lower_dirs=[Path("/nonexistent")])
-
-
-class Starts:
-    """Warm starts that finish at once, or (``hold``) when the test says so."""
-
-    def __init__(self) -> None:
-        self.hold = False
-        self.begun = 0
-        self.discarded: list[str] = []
-        self._ids = itertools.count()
-        self._held: list[asyncio.Future[None]] = []
-
-    async def make(self, image: Image) -> Warm:
-        self.begun += 1
-        if self.hold:
-            held: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._held.append(held)
-            await held
-        return Warm(f"_pool-{next(self._ids)}", "tok", image.id)
-
-    async def discard(self, cid: str) -> None:
-        self.discarded.append(cid)
-
-    def release_all(self) -> None:
-        for held in self._held:
-            if not held.done():
-                held.set_result(None)
-
-
-async def _until(check: object, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():  # type: ignore[operator]
-            await asyncio.sleep(0.005)
 
 
 async def _full_pool(starts: Starts, size: int) -> WarmPool:
@@ -61,7 +29,7 @@ async def test_shrinking_deletes_the_ready_containers_beyond_the_new_size() -> N
     before = pool.container_ids()
     pool.resize(1)
     assert pool.ready_count("base") == 1  # at once: a pool's status counts them
-    await _until(lambda: len(starts.discarded) == 2)
+    await until(lambda: len(starts.discarded) == 2)
     assert set(starts.discarded) | pool.container_ids() == before
     assert pool.take(IMAGE) is not None  # the one kept still serves
     await pool.stop()
@@ -72,7 +40,7 @@ async def test_at_size_0_none_is_kept_and_none_served() -> None:
     pool = await _full_pool(starts, 2)
     pool.resize(0)
     assert pool.ready_count("base") == 0
-    await _until(lambda: len(starts.discarded) == 2)
+    await until(lambda: len(starts.discarded) == 2)
     assert pool.take(IMAGE) is None
     await asyncio.sleep(0.05)
     assert starts.begun == 2  # and none started again
@@ -80,14 +48,13 @@ async def test_at_size_0_none_is_kept_and_none_served() -> None:
 
 
 async def test_a_start_that_ends_after_the_pool_shrank_is_deleted() -> None:
-    starts = Starts()
-    starts.hold = True
+    starts = Starts(hold=True)
     pool = WarmPool(2, ["base"], starts.make, starts.discard, parallel=2)
     pool.prewarm(IMAGE)
-    await _until(lambda: starts.begun == 2)
+    await until(lambda: starts.begun == 2)
     pool.resize(0)
     starts.release_all()
-    await _until(lambda: len(starts.discarded) == 2)
+    await until(lambda: len(starts.discarded) == 2)
     assert pool.ready_count("base") == 0
     await pool.stop()
 

@@ -68,28 +68,18 @@ class SnapshotPools:
     def enabled(self) -> bool:
         return self.size > 0 and self.max_pools > 0
 
-    def take(self, snapshot_id: str, image: Image) -> Warm | None:
-        """A warm container of the snapshot, if one is ready. A miss starts (or re-points)
-        the snapshot's pool, so the next create from it is a claim."""
+    async def claim(self, snapshot_id: str, image: Image) -> Warm | None:
+        """A warm container of the snapshot: a ready one, or, when none is but the pool is
+        starting one that no other create waits for, that one (``WarmPool.claim``) rather
+        than a container started beside it. A miss starts (or re-points) the snapshot's
+        pool, so the next create from it is a claim. Safe against the snapshot's delete:
+        the create marked its use before (the delete is refused while a use is marked)."""
         kept = self._kept_for(snapshot_id, image)
         if kept is None:
             return None
-        warm = kept.pool.take(image)  # a claim refills after it
+        warm = await kept.pool.claim(image)  # a claim refills after it
         if warm is None:
             kept.pool.prewarm(image)  # fills; a no-op while it is filling already
-        return warm
-
-    async def claim(self, snapshot_id: str, image: Image) -> Warm | None:
-        """``take``; when none is ready but the pool is starting one that no other create
-        waits for, wait for it (``WarmPool.claim``) rather than start a container beside
-        it. Safe against the snapshot's delete: the create marked its use before (the
-        delete is refused while a use is marked)."""
-        kept = self._kept_for(snapshot_id, image)
-        if kept is None:
-            return None
-        warm = await kept.pool.claim(image)
-        if warm is None:
-            kept.pool.prewarm(image)
         return warm
 
     def _kept_for(self, snapshot_id: str, image: Image) -> _Kept | None:
