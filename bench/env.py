@@ -137,7 +137,7 @@ class BenchEnv:
         """Under ``--profile``, sample the execd daemon of ``sandbox_id`` too."""
         if self.profiler is None:
             return
-        for pid in sorted(execd_pids([sandbox_id])):
+        for pid in sorted(execd_pids(self.server.container_ids([sandbox_id]))):
             self.profiler.attach(pid, f"execd-{pid}")
 
     def rootfs(self) -> Path:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,6 +195,20 @@ class SandlotServer:
             time.sleep(poll)
         raise RuntimeError(f"sandlot serve did not answer /health in "
                            f"{deadline - t0:.0f}s: {self.log_tail()}")
+
+    def container_ids(self, sandbox_ids: Collection[str]) -> list[str]:
+        """The runc container of each sandbox: its own id, or the warm-pool container it
+        claimed (the OCI runtime records it in ``<data dir>/pool/claims/<sandbox id>``). A
+        sandbox's processes run in its container's cgroup, so finding them by the sandbox's
+        id alone misses every sandbox served from the pool."""
+        claims = self.data_dir / "pool" / "claims"
+        out = []
+        for sid in sandbox_ids:
+            try:
+                out.append((claims / sid).read_text().strip() or sid)
+            except OSError:
+                out.append(sid)
+        return out
 
     def log_tail(self, lines: int = 15) -> str:
         try:

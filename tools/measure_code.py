@@ -266,7 +266,7 @@ async def _in_sandbox(server: SandlotServer, rounds: int, runs: int, cold: int,
     try:
         ci: Any = await CodeInterpreter.create(sandbox, skip_health_check=True)
         await ci.aclose()
-        pids = sorted(execd_pids([sandbox.id]))
+        pids = sorted(execd_pids(server.container_ids([sandbox.id])))
         if len(pids) != 1:
             raise RuntimeError(f"expected one execd for {sandbox.id}, found {pids}")
         endpoint = await sandbox.get_endpoint(44772)

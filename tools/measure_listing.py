@@ -117,7 +117,7 @@ async def measure(rounds: int, entries: int, scratch: Path,
             f"mkdir -p {remote} && cd {remote} && seq 1 {entries} | xargs touch")
         assert made.error is None, made.error
         endpoint = await sandbox.get_endpoint(EXECD_PORT)
-        execd = sorted(execd_pids([sandbox.id]))
+        execd = sorted(execd_pids(server.container_ids([sandbox.id])))
         assert len(execd) == 1, execd
         execd_pid = execd[0]
         host, port = endpoint.endpoint.rsplit(":", 1)

@@ -48,7 +48,7 @@ async def _measure(server: SandlotServer, rounds: int, size: int, perf: float, p
     try:
         pids: list[int] = []
         for _ in range(50):  # the daemon may still be settling into its cgroup
-            pids = sorted(execd_pids([sandbox.id]))
+            pids = sorted(execd_pids(server.container_ids([sandbox.id])))
             if pids:
                 break
             await asyncio.sleep(0.1)

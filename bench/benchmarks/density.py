@@ -97,7 +97,7 @@ async def run(env: BenchEnv) -> list[Row]:
             if live < step:
                 break
             await asyncio.sleep(sc.settle_seconds)
-            containers = _container_ids(env, list(env.sandboxes.live))
+            containers = env.server.container_ids(list(env.sandboxes.live))
             execds = sorted(p for p in execd_pids(containers) if rss(p) > 0)
             charged = [c / MB for c in (cgroup_memory_bytes(p) for p in execds) if c is not None]
             host_per = (host_used_bytes() - host0) / step / MB
@@ -151,16 +151,3 @@ async def run(env: BenchEnv) -> list[Row]:
                     note=f"all deleted in {wall:.1f}s" + (f"; {stopped_early}"
                                                           if stopped_early else "")))
     return rows
-
-
-def _container_ids(env: BenchEnv, sandbox_ids: list[str]) -> list[str]:
-    """The runc container of each sandbox: its own id, or the warm-pool container it claimed
-    (recorded by the OCI runtime under ``<data dir>/pool/claims/<sandbox id>``)."""
-    claims = env.server.data_dir / "pool" / "claims"
-    out = []
-    for sid in sandbox_ids:
-        try:
-            out.append((claims / sid).read_text().strip() or sid)
-        except OSError:
-            out.append(sid)
-    return out

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from bench.procs import execd_pids
 from bench.sdk import Sandboxes
 from bench.server import SandlotServer, image_cache_images, leftovers, reap_leftovers
 
@@ -123,6 +124,41 @@ def test_the_last_resort_clean_up_takes_a_stopped_servers_sandboxes_whole(
         assert f"cgroup {sandbox_id}" in found and not cgroups.sandbox_cgroup_dirs(sandbox_id)
         assert not netns.exists() and not roots.exists()
         assert leftovers(server.root) == []
+    finally:
+        server.stop()
+        if server.root is not None:
+            reap_leftovers(server.root)
+        server.remove()
+
+
+@needs_runc
+def test_a_pooled_sandboxs_execd_is_found_through_its_container(
+    image_store: ImageStore, base_image: Image
+) -> None:
+    """A sandbox served from the warm pool runs in the pool container's cgroup, not one
+    named after the sandbox: the profiling and measuring tools found no execd for it until
+    they asked ``container_ids`` first."""
+    server = SandlotServer(image_cache=image_store.root.parent, warm_pool_size=1,
+                           extra_config=f'warm_pool_images = ["{base_image.name}"]')
+    server.start()
+    try:
+        async def create_claimed() -> tuple[str, list[str], set[int], set[int]]:
+            boxes = Sandboxes(server, "test-run")
+            try:
+                sandbox, _ = await boxes.create(base_image.name)  # waits for the warm start
+                sid = str(sandbox.id)
+                containers = server.container_ids([sid])
+                return sid, containers, execd_pids([sid]), execd_pids(containers)
+            finally:
+                await boxes.delete_all()
+                await boxes.aclose()
+
+        sandbox_id, containers, by_sandbox, by_container = asyncio.run(create_claimed())
+        assert containers != [sandbox_id]  # served from the pool: a container of its own
+        assert containers[0].startswith("_pool-"), containers
+        assert by_sandbox == set()
+        assert len(by_container) == 1, by_container
+        assert server.container_ids(["not-a-sandbox"]) == ["not-a-sandbox"]
     finally:
         server.stop()
         if server.root is not None:
