@@ -10,7 +10,7 @@ of the whole machine runs during one extra stream (report: ``perf report -i FILE
 
 Run as root from the repository root:
 
-    PYTHONPATH=. .venv/bin/python tools/measure_stream.py --rounds 5 --mib 64
+    .venv/bin/python tools/measure_stream.py --rounds 5 --mib 64
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ import sys
 import uuid
 from pathlib import Path
 
-from bench.benchmarks.commands import stream_raw
-from bench.procs import execd_pids, self_cpu_seconds
-from bench.sdk import Sandboxes
-from bench.server import SandlotServer
-from bench.stats import percentile
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.benchmarks.commands import stream_raw  # noqa: E402 - after the path above
+from bench.procs import execd_pids, self_cpu_seconds  # noqa: E402
+from bench.sdk import Sandboxes  # noqa: E402
+from bench.server import SandlotServer  # noqa: E402
+from bench.stats import percentile  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
