@@ -26,7 +26,7 @@ import httpx
 
 from sandlot import datadir
 from sandlot.runtime.oci import cgroups, mounts
-from sandlot.runtime.oci.layout import netns_name, rootfs_folder
+from sandlot.runtime.oci.layout import claims_folder, netns_name, rootfs_folder
 from sandlot.runtime.oci.runsc import access_netns_name
 
 REPO = Path(__file__).resolve().parent.parent
@@ -201,7 +201,7 @@ class SandlotServer:
         claimed (the OCI runtime records it in ``<data dir>/pool/claims/<sandbox id>``). A
         sandbox's processes run in its container's cgroup, so finding them by the sandbox's
         id alone misses every sandbox served from the pool."""
-        claims = self.data_dir / "pool" / "claims"
+        claims = claims_folder(self.data_dir)
         out = []
         for sid in sandbox_ids:
             try:

@@ -95,8 +95,7 @@ def _step_times(server: SandlotServer) -> list[str]:
 
 
 def _container_memory_mb(server: SandlotServer, sandbox_id: str) -> float:
-    claims = server.data_dir / "pool" / "claims" / sandbox_id
-    cid = claims.read_text().strip() if claims.exists() else sandbox_id
+    cid = server.container_ids([sandbox_id])[0]
     usage = f"/sys/fs/cgroup/memory/sandlot/{cid}/memory.usage_in_bytes"
     try:
         with open(usage) as fh:

@@ -38,11 +38,7 @@ _CONTROLLERS = ("cpu", "cpuacct", "cpu,cpuacct", "memory", "blkio")
 def sandbox_cgroups(env: BenchEnv, sandbox_id: str) -> list[Path]:
     """The sandbox's cgroup dirs a host process may join for a fair baseline: cpu and memory
     (v1, where they exist) or its v2 dir. Its container may be a claimed warm one."""
-    try:
-        cid = (env.server.data_dir / "pool" / "claims" / sandbox_id).read_text().strip()
-    except OSError:
-        cid = sandbox_id
-    dirs = cgroups.sandbox_cgroup_dirs(cid or sandbox_id)
+    dirs = cgroups.sandbox_cgroup_dirs(env.server.container_ids([sandbox_id])[0])
     if cgroups.is_unified_only():
         return dirs
     return [d for d in dirs if d.parent.parent.name in _CONTROLLERS]

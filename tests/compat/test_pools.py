@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 from opensandbox import Sandbox
 
+from sandlot.runtime.oci.layout import claims_folder
 from tests.compat.conftest import COMPAT_IMAGE, SandlotServer, wait_state
 
 LIMITS = {"cpu": "500m", "memory": "256Mi"}
@@ -37,7 +38,7 @@ def wait_available(c: httpx.Client, name: str, n: int, timeout: float = 240) -> 
 
 def claimed(server: SandlotServer, sid: str) -> bool:
     """The sandbox runs in a pre-started (pool) container."""
-    return (server.data_dir / "pool" / "claims" / sid).exists()
+    return (claims_folder(server.data_dir) / sid).exists()
 
 
 def run_text(c: httpx.Client, sid: str, command: str) -> str:

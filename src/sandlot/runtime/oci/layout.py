@@ -18,6 +18,12 @@ def rootfs_folder(data_dir: Path) -> Path:
     return ROOTS_DIR / hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
 
 
+def claims_folder(data_dir: Path) -> Path:
+    """Where the warm pool records which pool container each claimed sandbox runs in (one
+    file per sandbox id, holding the container id; ``pool.ClaimStore``)."""
+    return data_dir / "pool" / "claims"
+
+
 @dataclass(frozen=True)
 class SandboxPaths:
     root: Path

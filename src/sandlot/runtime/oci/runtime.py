@@ -84,7 +84,7 @@ from sandlot.runtime.oci import (
 )
 from sandlot.runtime.oci import spec as ocispec
 from sandlot.runtime.oci.binary import OciBinary, choose_binary, flavor_of
-from sandlot.runtime.oci.layout import SandboxPaths, netns_name, rootfs_folder
+from sandlot.runtime.oci.layout import SandboxPaths, claims_folder, netns_name, rootfs_folder
 from sandlot.runtime.oci.pausemode import PauseModes
 from sandlot.runtime.oci.runc import Runc, RuncError
 from sandlot.runtime.oci.snapshot_pools import SnapshotPools
@@ -233,7 +233,7 @@ class OciRuntime(Runtime):
         self._swap = _swap_limit_supported()
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._connector = netns.NetnsConnector()
-        self.claims = pool.ClaimStore(data_dir / "pool" / "claims")
+        self.claims = pool.ClaimStore(claims_folder(data_dir))
         # Warm starts run in the gate's background slots, taken by the pools (pool.py).
         self.pool = pool.WarmPool(warm_pool_size, list(warm_pool_images or []),
                                   self._make_warm, self._teardown,
