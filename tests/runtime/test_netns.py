@@ -44,6 +44,28 @@ async def test_a_namespace_has_loopback_up_and_the_server_stays_home() -> None:
     await netns.delete_netns(name)  # a missing one is fine
 
 
+async def test_a_leftover_mount_point_file_is_replaced_by_the_namespace() -> None:
+    """A machine that stops with namespaces pinned leaves their empty mount-point files where
+    /run/netns is on disk (a reboot, a copied disk: CI once failed a create on one); nothing
+    is mounted on them, so a create takes the name."""
+    name = f"sltest-{uuid.uuid4().hex[:8]}"
+    path = netns.netns_path(name)
+    path.parent.mkdir(exist_ok=True)
+    path.touch()
+    try:
+        assert not os.path.ismount(path)
+        await netns.create_netns(name)
+        assert os.path.ismount(path)
+        links = _ip("-n", name, "-o", "link", "show")
+        assert len(links.splitlines()) == 1 and links.startswith("1: lo: ")
+        with pytest.raises(RuntimeFailure, match="exists"):  # now it is in use
+            await netns.create_netns(name)
+        assert os.path.ismount(path)
+    finally:
+        await netns.delete_netns(name)
+    assert not path.exists()
+
+
 async def test_many_at_once_all_made_and_removed() -> None:
     names = [f"sltest-{uuid.uuid4().hex[:8]}" for _ in range(12)]
     try:

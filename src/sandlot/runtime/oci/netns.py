@@ -165,7 +165,25 @@ _MAKER = _NetnsMaker()
 
 
 def _pin(name: str) -> None:
-    """Bind the calling thread's namespace to /run/netns/``name`` (refused if it exists)."""
+    """Bind the calling thread's namespace to /run/netns/``name``.
+
+    Refused if a namespace is pinned there. A bare mount-point file with nothing mounted on
+    it pins nothing: it is what a pinned namespace leaves when the machine stops without
+    unmounting it and /run/netns is not a tmpfs (a reboot, a copied disk), so it is replaced.
+    """
+    try:
+        _attach(name)
+    except FileExistsError:
+        if os.path.ismount(netns_path(name)):
+            raise
+        log.warning("replacing %s, a mount point with nothing mounted on it",
+                    netns_path(name))
+        with contextlib.suppress(FileNotFoundError):
+            netns_path(name).unlink()
+        _attach(name)
+
+
+def _attach(name: str) -> None:
     try:
         pyroute2_netns.attach(name, threading.get_native_id())
     except FileExistsError:
