@@ -80,10 +80,12 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=30, help="execds to start (the first 2 are "
                     "not counted: the parent's own first forks)")
     ap.add_argument("--profile", help="write a cProfile of the last child's start here")
+    ap.add_argument("--code", action="store_true",
+                    help="prepare as the zygote of code images (the code service imported)")
     a = ap.parse_args()
     from sandlot.execd import zygote
 
-    zygote.prepare()
+    zygote.prepare(code=a.code)
     cpus: list[float] = []
     usses: list[float] = []
     walls: list[float] = []

@@ -122,6 +122,8 @@ def main() -> None:
     ap.add_argument("--trim-thread", action="store_true", help="experiment: malloc_trim after 1 s")
     ap.add_argument("--tracemalloc", action="store_true",
                     help="also print where the child allocated the memory it still holds")
+    ap.add_argument("--code", action="store_true",
+                    help="prepare as the zygote of code images (the code service imported)")
     a = ap.parse_args()
     from sandlot.execd import zygote
 
@@ -134,7 +136,7 @@ def main() -> None:
             [sys.executable, "-c", "import json; from sandlot.runtime.oci.seccomp import "
              "seccomp_profile; print(json.dumps(seccomp_profile()))"],
             check=True, capture_output=True, text=True).stdout
-    zygote.prepare()
+    zygote.prepare(code=a.code)
     prebuilt = None
     if a.seccomp and not a.no_prebuilt:
         import json

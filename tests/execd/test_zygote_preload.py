@@ -14,7 +14,7 @@ from pathlib import Path
 SCRIPT = textwrap.dedent("""
     import sys, threading
     from sandlot.execd import zygote
-    zygote.preload()
+    zygote.preload(code=False)
     assert threading.active_count() == 1, "a preloaded module started a thread"
     before = set(sys.modules)
     from sandlot.execd.app import build_app
@@ -41,7 +41,7 @@ def test_building_execd_imports_nothing_the_zygote_did_not(tmp_path: Path) -> No
 PARSES = textwrap.dedent("""
     import sys
     from sandlot.execd import zygote
-    zygote.preload()
+    zygote.preload(code=False)
     if sys.argv[2] == "prepared":
         zygote.compile_routes()
     from sandlot.execd.app import build_app
@@ -73,3 +73,36 @@ def test_a_forked_execd_finds_its_route_patterns_compiled(tmp_path: Path) -> Non
 
     assert parses("bare") > 10  # the routes' patterns: what an unprepared execd compiles
     assert parses("prepared") == 0
+
+
+# What importing the code service and building its extension imports, after a zygote's
+# preparation with or without ``--code``; and whether the plain one has any of it.
+CODE_IMPORTS = textwrap.dedent("""
+    import sys
+    from sandlot.execd import zygote
+    zygote.prepare(code=sys.argv[2] == "code")
+    heavy = sorted(m for m in ("jupyter_client", "zmq", "tornado", "traitlets")
+                   if m in sys.modules)
+    print(" ".join(heavy) or "-")
+    before = set(sys.modules)
+    from sandlot.execd.code import build_extension
+    from sandlot.execd.settings import Settings
+    build_extension(Settings(state_dir=sys.argv[1]))
+    print(" ".join(sorted(set(sys.modules) - before)) or "-")
+""")
+
+
+def test_only_the_code_zygote_has_the_code_service_and_it_has_all_of_it(
+        tmp_path: Path) -> None:
+    def run(flavour: str) -> tuple[list[str], list[str]]:
+        out = subprocess.run([sys.executable, "-c", CODE_IMPORTS, str(tmp_path), flavour],
+                             check=True, capture_output=True, text=True, timeout=60)
+        heavy, loaded = out.stdout.splitlines()
+        return heavy.split(), loaded.split()
+
+    heavy, loaded = run("code")
+    assert heavy == ["jupyter_client", "tornado", "traitlets", "zmq"]
+    assert loaded == ["-"]  # a code image's execd loads its service from shared pages
+    heavy, loaded = run("plain")
+    assert heavy == ["-"]  # none of it in the pages every plain sandbox's execd inherits
+    assert "jupyter_client" in loaded and "sandlot.execd.code" in loaded

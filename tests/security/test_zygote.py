@@ -329,7 +329,7 @@ async def test_the_zygote_points_only_one_fork_into_a_sandbox(
     await rt.create(spec("zy-home1", rt_image))
     await wait_ping(rt, "zy-home1")
     assert rt.zygote is not None
-    zygote = rt.zygote.pid
+    zygote = rt.zygote.plain.pid
     assert zygote is not None and _children_born_home(zygote)
     execd = execd_pid(rt, "zy-home1")
     assert int(status(execd)["PPid"]) == zygote  # forked once, by the zygote itself
@@ -348,11 +348,11 @@ async def test_the_zygote_points_only_one_fork_into_a_sandbox(
     with pytest.raises(RuntimeFailure, match="cannot fork into the sandbox"):
         await rt.create(spec("zy-dead", rt_image))
     monkeypatch.undo()
-    assert rt.zygote.pid == zygote and _children_born_home(zygote)
+    assert rt.zygote.plain.pid == zygote and _children_born_home(zygote)
     assert not leftovers(rt, "zy-dead")
     await rt.create(spec("zy-home2", rt_image))
     await wait_ping(rt, "zy-home2")
-    assert rt.zygote.pid == zygote and _children_born_home(zygote)
+    assert rt.zygote.plain.pid == zygote and _children_born_home(zygote)
 
 
 async def test_zygote_restarts_and_closes_without_orphans(
@@ -364,14 +364,14 @@ async def test_zygote_restarts_and_closes_without_orphans(
         await rt.create(spec("zy-life1", rt_image))
         await wait_ping(rt, "zy-life1")
         assert rt.zygote is not None
-        first = rt.zygote.pid
+        first = rt.zygote.plain.pid
         assert first is not None
         os.kill(first, signal.SIGKILL)
         assert process_gone(first)
         await wait_ping(rt, "zy-life1")  # its execd belongs to the sandbox, not the zygote
         await rt.create(spec("zy-life2", rt_image))  # a new zygote serves the next start
         await wait_ping(rt, "zy-life2")
-        second = rt.zygote.pid
+        second = rt.zygote.plain.pid
         assert second is not None and second != first
         execds = [execd_pid(rt, sid) for sid in ids]
         await rt.close()  # a server shutdown: the zygote goes, the sandboxes stay
@@ -393,16 +393,59 @@ async def test_the_zygote_starts_with_the_serving_runtime(
     rt = await open_with(runtime_data_dir, "zygote")
     try:
         assert rt.zygote is not None
-        zygote = rt.zygote.pid
+        zygote = rt.zygote.plain.pid
         assert zygote is not None and not process_gone(zygote, timeout=0.1)  # before any create
         tool = await OciRuntime.open(Config(data_dir=runtime_data_dir), images=TEST_IMAGES)
         try:
-            assert tool.zygote is not None and tool.zygote.pid is None
+            assert tool.zygote is not None and tool.zygote.plain.pid is None
+            assert tool.zygote.code.pid is None
         finally:
             await tool.close()
         await rt.create(spec("zy-early", rt_image))
         await wait_ping(rt, "zy-early")
-        assert (rt.zygote.pid, rt.zygote.starts) == (zygote, 1)  # the first create used it
+        # the first create used it
+        assert (rt.zygote.plain.pid, rt.zygote.plain.starts) == (zygote, 1)
     finally:
         await finish(rt, ["zy-early"])
     assert process_gone(zygote)
+
+
+def _maps_libzmq(pid: int) -> bool:
+    """Whether the process has libzmq mapped: pyzmq's, which only the code service imports."""
+    with open(f"/proc/{pid}/maps") as f:
+        return "libzmq" in f.read()
+
+
+async def test_code_images_get_their_own_zygote_and_plain_ones_none_of_its_libraries(
+    runtime_data_dir: Path, rt_image: Image
+) -> None:
+    """A sandbox whose execd loads the code service at start (a code image's environment)
+    is forked from a second zygote that has it imported, started on first use; a plain
+    sandbox's execd inherits none of it (its RSS counts every page of its zygote's heap)."""
+    rt = await open_with(runtime_data_dir, "zygote")
+    ids = ["zy-plain", "zy-code"]
+    code = None
+    try:
+        assert rt.zygote is not None
+        plain = rt.zygote.plain.pid
+        assert plain is not None and rt.zygote.code.pid is None  # not before a code image
+        await rt.create(spec("zy-plain", rt_image))
+        await wait_ping(rt, "zy-plain")
+        assert rt.zygote.code.pid is None
+        execd = execd_pid(rt, "zy-plain")
+        assert int(status(execd)["PPid"]) == plain and not _maps_libzmq(execd)
+        assert not _maps_libzmq(plain)
+
+        await rt.create(spec("zy-code", rt_image, env={"SANDLOT_CODE_READY_PORT": "44790"}))
+        await wait_ping(rt, "zy-code")
+        code = rt.zygote.code.pid
+        assert code is not None and code != plain
+        with open(f"/proc/{code}/cmdline", "rb") as f:
+            assert f.read().split(b"\0")[-2:] == [b"--code", b""]
+        execd = execd_pid(rt, "zy-code")
+        assert int(status(execd)["PPid"]) == code and _maps_libzmq(execd)
+        assert (rt.zygote.plain.pid, rt.zygote.code.pid) == (plain, code)
+        assert (rt.zygote.plain.starts, rt.zygote.code.starts) == (1, 1)
+    finally:
+        await finish(rt, ids)
+    assert process_gone(plain) and code is not None and process_gone(code)  # close stops both

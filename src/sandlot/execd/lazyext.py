@@ -19,6 +19,8 @@ from typing import Any
 from starlette.routing import BaseRoute, Match, Router
 from starlette.types import Receive, Scope, Send
 
+from sandlot.execd.protocol import code_at_start
+
 log = logging.getLogger("sandlot.execd")
 
 PREFIX = "/code"
@@ -44,18 +46,14 @@ class _Deferred(BaseRoute):
         await router(scope, receive, send)
 
 
-# Set in images made for code (the code-interpreter recipe): clients such as the code-interpreter
-# SDK wait for the readiness port the service opens, so it is loaded right away there.
-_CODE_IMAGE_ENV = ("JUPYTER_PORT", "SANDLOT_CODE_READY_PORT", "SANDLOT_CODE_PRESTART")
-
-
 def wanted_at_start(environ: Mapping[str, str]) -> bool:
-    """Load the code service eagerly? Only in code images; elsewhere on the first ``/code``.
+    """Load the code service eagerly? Only in code images (``protocol.code_at_start``);
+    elsewhere on the first ``/code``.
 
     Loading costs ~100 ms of CPU and ~5 MB, which would otherwise land on every sandbox's
     first moments (and on the create latency of pooled sandboxes, right after their claim).
     """
-    return any(environ.get(name, "").strip() for name in _CODE_IMAGE_ENV)
+    return code_at_start(environ)
 
 
 class DeferredCode:

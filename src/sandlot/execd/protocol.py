@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 
 DEFAULT_PORT = 44772
 TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"
@@ -45,3 +46,14 @@ def parse_entrypoint_exit(log_tail: str) -> str | None:
         if line.startswith(ENTRYPOINT_EXIT_PREFIX):
             return line[len(ENTRYPOINT_EXIT_PREFIX):].strip()
     return None
+
+
+# Set in images made for code (the code-interpreter recipe): clients such as the
+# code-interpreter SDK wait for the readiness port the code service opens, so execd loads it
+# right away there, and the server forks such an execd from the zygote that has it imported.
+CODE_IMAGE_ENV = ("JUPYTER_PORT", "SANDLOT_CODE_READY_PORT", "SANDLOT_CODE_PRESTART")
+
+
+def code_at_start(environ: Mapping[str, str]) -> bool:
+    """Does execd load the code service at start (a code image), or on the first ``/code``?"""
+    return any(environ.get(name, "").strip() for name in CODE_IMAGE_ENV)

@@ -194,13 +194,13 @@ class OciRuntime(Runtime):
         self.gvisor = self.binary.is_gvisor
         # execd_launch = "zygote": runc sandboxes with a user namespace get an execd forked
         # from the zygote (oci/zygote.py); the others start it with runc as before.
-        self.zygote: zygote.ZygoteLauncher | None = None
+        self.zygote: zygote.Zygotes | None = None
         self._waiter = ""
         if execd_launch == "zygote" and not self.gvisor:
             missing = zygote.unavailable_reason(bundle)
             if missing is None:
                 self._waiter = zygote.waiter_binary() or ""
-                self.zygote = zygote.ZygoteLauncher(bundle)
+                self.zygote = zygote.Zygotes(bundle)
                 if user_namespaces:  # the zygote's sandboxes: starts are mostly waiting
                     self.starts = StartGate(max_concurrent_starts,
                                             per_cpu=admission.ZYGOTE_SLOTS_PER_CPU)
@@ -557,6 +557,7 @@ class OciRuntime(Runtime):
         plan = None
         if self.zygote is not None and uid_base is not None:
             plan = zygote.use_waiter(config, self._waiter)  # PID 1 waits; execd comes forked
+            await self.zygote.start_for(plan["process"])
         # Compact: with indent the pure-Python encoder ran (~0.8 ms of the loop per create,
         # against ~0.13 ms for the C one); nothing reads it but parsers.
         p.config_json.write_text(json.dumps(config, separators=(",", ":")))
