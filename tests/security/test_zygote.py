@@ -440,8 +440,7 @@ async def test_code_images_get_their_own_zygote_and_plain_ones_none_of_its_libra
         await wait_ping(rt, "zy-code")
         code = rt.zygote.code.pid
         assert code is not None and code != plain
-        with open(f"/proc/{code}/cmdline", "rb") as f:
-            assert f.read().split(b"\0")[-2:] == [b"--code", b""]
+        assert int(status(code)["PPid"]) == plain  # forked from it: its pages are shared
         execd = execd_pid(rt, "zy-code")
         assert int(status(execd)["PPid"]) == code and _maps_libzmq(execd)
         assert (rt.zygote.plain.pid, rt.zygote.code.pid) == (plain, code)
@@ -449,3 +448,38 @@ async def test_code_images_get_their_own_zygote_and_plain_ones_none_of_its_libra
     finally:
         await finish(rt, ids)
     assert process_gone(plain) and code is not None and process_gone(code)  # close stops both
+
+
+async def test_the_code_zygote_is_forked_again_after_it_or_its_parent_died(
+    runtime_data_dir: Path, rt_image: Image
+) -> None:
+    """The code images' zygote ends with its parent (parent-death signal); either death is
+    mended by the next code sandbox's start, and the execds already forked keep running."""
+    rt = await open_with(runtime_data_dir, "zygote")
+    code_env = {"SANDLOT_CODE_READY_PORT": "44790"}
+    ids = ["zy-c1", "zy-c2", "zy-c3"]
+    try:
+        assert rt.zygote is not None
+        await rt.create(spec("zy-c1", rt_image, env=code_env))
+        await wait_ping(rt, "zy-c1")
+        first = rt.zygote.code.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        assert process_gone(first)
+        await rt.create(spec("zy-c2", rt_image, env=code_env))  # a new fork serves it
+        await wait_ping(rt, "zy-c2")
+        second, plain = rt.zygote.code.pid, rt.zygote.plain.pid
+        assert second is not None and second != first and plain is not None
+        assert int(status(second)["PPid"]) == plain
+        os.kill(plain, signal.SIGKILL)  # the parent goes: its fork goes with it
+        assert process_gone(plain) and process_gone(second)
+        await rt.create(spec("zy-c3", rt_image, env=code_env))
+        await wait_ping(rt, "zy-c3")
+        third, new_plain = rt.zygote.code.pid, rt.zygote.plain.pid
+        assert third is not None and new_plain is not None and new_plain != plain
+        assert int(status(third)["PPid"]) == new_plain
+        assert int(status(execd_pid(rt, "zy-c3"))["PPid"]) == third
+        for sid in ("zy-c1", "zy-c2"):  # their execds belong to their sandboxes
+            await wait_ping(rt, sid)
+    finally:
+        await finish(rt, ids)
