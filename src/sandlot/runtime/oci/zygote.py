@@ -23,6 +23,7 @@ import select
 import shutil
 import signal
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -264,26 +265,11 @@ class ZygoteLauncher:
     async def fork_code_zygote(self, control_fd: int) -> int:
         """Have this zygote fork the code images' zygote, serving on ``control_fd`` (a copy
         is passed); its host pid."""
-        async with self._lock:
-            for attempt in (1, 2):
-                await self._ensure_running()
-                try:
-                    answer = await asyncio.wait_for(
-                        self._ask(SPAWN_CODE_ZYGOTE, [control_fd]), LAUNCH_TIMEOUT)
-                except (OSError, EOFError, TimeoutError) as exc:
-                    log.warning("execd zygote failed (%s); restarting it", exc)
-                    await self._stop()
-                    if attempt == 2:
-                        raise RuntimeFailure(f"the execd zygote failed: {exc}") from exc
-                    continue
-                except BaseException:
-                    self._abandon()
-                    raise
-                if "pid" in answer:
-                    return int(answer["pid"])
-                raise RuntimeFailure("cannot start the code images' execd zygote: "
-                                     f"{answer.get('error', answer)}")
-        raise AssertionError("unreachable")
+
+        async def request() -> tuple[bytes, list[int]]:
+            return SPAWN_CODE_ZYGOTE, [os.dup(control_fd)]
+
+        return await self._request(request, "cannot start the code images' execd zygote")
 
     async def start(self) -> None:
         """Start the zygote now unless it runs: at the server's start, so that its imports
@@ -301,14 +287,24 @@ class ZygoteLauncher:
     async def launch(self, init_pid: int, container_id: str, plan: dict[str, Any], token: str,
                      stdio: Path) -> int:
         """Start execd inside ``container_id``; its host pid. One retry on a fresh zygote."""
+
+        async def request() -> tuple[bytes, list[int]]:
+            header, fds = await asyncio.to_thread(open_launch_fds, init_pid, container_id,
+                                                  plan, token, stdio)
+            return json.dumps(header).encode(), fds
+
+        return await self._request(request, f"cannot start execd in {container_id}")
+
+    async def _request(self, make: Callable[[], Awaitable[tuple[bytes, list[int]]]],
+                       refused: str) -> int:
+        """Send ``make()``'s message and descriptors (closed here) to the zygote, restarted
+        first if it is not running; the pid it answers. One retry on a fresh zygote."""
         async with self._lock:
             for attempt in (1, 2):
                 await self._ensure_running()
-                header, fds = await asyncio.to_thread(open_launch_fds, init_pid, container_id,
-                                                      plan, token, stdio)
+                message, fds = await make()
                 try:
-                    answer = await asyncio.wait_for(self._ask(json.dumps(header).encode(), fds),
-                                                    LAUNCH_TIMEOUT)
+                    answer = await asyncio.wait_for(self._ask(message, fds), LAUNCH_TIMEOUT)
                 except (OSError, EOFError, TimeoutError) as exc:
                     log.warning("execd zygote failed (%s); restarting it", exc)
                     await self._stop()
@@ -316,7 +312,7 @@ class ZygoteLauncher:
                         raise RuntimeFailure(f"the execd zygote failed: {exc}") from exc
                     continue
                 except BaseException:
-                    # Cancelled mid-launch: its answer would be read as the next launch's.
+                    # Cancelled mid-request: its answer would be read as the next one's.
                     self._abandon()
                     raise
                 finally:
@@ -324,8 +320,7 @@ class ZygoteLauncher:
                         os.close(fd)
                 if "pid" in answer:
                     return int(answer["pid"])
-                raise RuntimeFailure(f"cannot start execd in {container_id}: "
-                                     f"{answer.get('error', answer)}")
+                raise RuntimeFailure(f"{refused}: {answer.get('error', answer)}")
         raise AssertionError("unreachable")
 
     async def _ask(self, message: bytes, fds: list[int]) -> dict[str, Any]:
