@@ -58,6 +58,7 @@ def code_at_start(environ: Mapping[str, str]) -> bool:
     """Does execd load the code service at start (a code image), or on the first ``/code``?"""
     return any(environ.get(name, "").strip() for name in CODE_IMAGE_ENV)
 
+
 # The request that has the execd zygote fork the code images' zygote (``execd/zygote.py``,
 # ``Zygote.spawn_code_zygote``): a message no launch header (a JSON object) can be.
 SPAWN_CODE_ZYGOTE = b"spawn-code-zygote"

@@ -199,6 +199,7 @@ class _Forked:
         if self.alive:
             loop = asyncio.get_running_loop()
             ended: asyncio.Future[None] = loop.create_future()
+
             def settle() -> None:
                 if not ended.done():
                     ended.set_result(None)
@@ -238,7 +239,12 @@ class ZygoteLauncher:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             if self.parent is not None:
-                self._proc = _Forked(await self.parent.fork_code_zygote(theirs.fileno()))
+                pid = await self.parent.fork_code_zygote(theirs.fileno())
+                try:
+                    self._proc = _Forked(pid)
+                except ProcessLookupError as exc:  # ended (and reaped) already
+                    raise RuntimeFailure("the code images' execd zygote ended as it "
+                                         "started") from exc
             else:
                 self._proc = _Child(await self._spawn(theirs.fileno()))
         except BaseException:
