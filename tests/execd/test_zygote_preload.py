@@ -14,7 +14,7 @@ from pathlib import Path
 SCRIPT = textwrap.dedent("""
     import sys, threading
     from sandlot.execd import zygote
-    zygote.preload(code=False)
+    zygote.preload()
     assert threading.active_count() == 1, "a preloaded module started a thread"
     before = set(sys.modules)
     from sandlot.execd.app import build_app
@@ -41,7 +41,7 @@ def test_building_execd_imports_nothing_the_zygote_did_not(tmp_path: Path) -> No
 PARSES = textwrap.dedent("""
     import sys
     from sandlot.execd import zygote
-    zygote.preload(code=False)
+    zygote.preload()
     if sys.argv[2] == "prepared":
         zygote.compile_routes()
     from sandlot.execd.app import build_app

@@ -81,14 +81,9 @@ CODE_PRELOAD = (
 )
 
 
-def preload(*, code: bool) -> None:
-    """Import what execd imports at start-up and on its first requests (shared pages); the
-    code service too with ``code``."""
-    import importlib
-
-    for module in PRELOAD + (CODE_PRELOAD if code else ()):
-        with contextlib.suppress(ImportError):
-            importlib.import_module(module)
+def preload() -> None:
+    """Import what execd imports at start-up and on its first requests (shared pages)."""
+    _import_all(PRELOAD)
     from sandlot.execd.main import parser
 
     parser()  # built here once, shared by every execd
@@ -109,9 +104,18 @@ def compile_routes() -> None:
                                     ClaimExtension(settings, lambda _argv: None)])
 
 
+def _import_all(modules: tuple[str, ...]) -> None:
+    import importlib
+
+    for module in modules:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+
+
 def prepare(*, code: bool) -> None:
-    """Everything the zygote does before its first fork (also ``tools/profile_cow.py``)."""
-    preload(code=False)
+    """Everything the zygote does before its first fork (also ``tools/profile_cow.py``);
+    with ``code``, then what its fork for code images does too."""
+    preload()
     compile_routes()
     _freeze()
     if code:
@@ -120,7 +124,7 @@ def prepare(*, code: bool) -> None:
 
 def add_code_service() -> None:
     """What turns a fork of the plain zygote into the code images' zygote."""
-    preload(code=True)
+    _import_all(CODE_PRELOAD)
     _freeze()
 
 

@@ -1073,10 +1073,7 @@ class OciRuntime(Runtime):
     def _claim_env(self, spec: SandboxSpec, image: Image) -> dict[str, str]:
         """What a cold create would give the workload: defaults, image env, spec env."""
         env = {"PATH": ocispec.DEFAULT_PATH, "HOME": "/root", "HOSTNAME": ocispec.hostname(spec)}
-        for item in image.config.env:
-            key, sep, value = item.partition("=")
-            if sep:
-                env[key] = value
+        env.update(ocispec.env_dict(image.config.env))
         env.update(spec.env)
         for private in (*self.bundle.env(), "SANDLOT_EXECD_TOKEN", "SANDLOT_EXECD_PRIVATE_ENV"):
             env.pop(private, None)

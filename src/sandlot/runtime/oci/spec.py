@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import resource
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,20 @@ MASKED_PATHS = [
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 
-def _env(spec: SandboxSpec, image: Image, bundle: ExecdBundle) -> list[str]:
-    env: dict[str, str] = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": hostname(spec)}
-    for item in image.config.env:
+def env_dict(items: Iterable[str]) -> dict[str, str]:
+    """An OCI / image ``env`` list (``NAME=value`` strings) as a dict; items without ``=``
+    are left out."""
+    env = {}
+    for item in items:
         key, sep, value = item.partition("=")
         if sep:
             env[key] = value
+    return env
+
+
+def _env(spec: SandboxSpec, image: Image, bundle: ExecdBundle) -> list[str]:
+    env: dict[str, str] = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": hostname(spec)}
+    env.update(env_dict(image.config.env))
     env.update(spec.env)
     env.update(bundle.env())
     # The token is not among them: it reaches execd through its stdin (see process_args),

@@ -31,6 +31,7 @@ from sandlot.errors import RuntimeFailure
 from sandlot.execd.protocol import SPAWN_CODE_ZYGOTE, code_at_start
 from sandlot.runtime.execd_bundle import ExecdBundle
 from sandlot.runtime.oci import cgroups
+from sandlot.runtime.oci.spec import env_dict
 
 log = logging.getLogger(__name__)
 # The container's PID 1 under the zygote: bind-mounted read-only from the host.
@@ -382,10 +383,7 @@ class Zygotes:
 
     def for_process(self, process: dict[str, Any]) -> ZygoteLauncher:
         """The zygote for execd's OCI ``process`` (its ``env``: ``NAME=value`` strings)."""
-        env = {}
-        for item in process.get("env") or []:
-            name, _, value = item.partition("=")
-            env[name] = value
+        env = env_dict(process.get("env") or [])
         return self.code if code_at_start(env) else self.plain
 
     async def start(self) -> None:
