@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -84,6 +85,28 @@ def host_listing(root: Path, entries: int, runs: int,
         shared.remove()
     shutil.rmtree(root)
     return plain, inside
+
+
+def overlay_listing(work: Path, entries: int, runs: int) -> list[float]:
+    """scandir+stat of ``entries`` files made in the upper layer of an overlay mount, as a
+    sandbox's own files are (a listing's ``lstat`` there measured ~1.9x a plain directory's
+    on this kernel: docs/benchmarks.md). Informative, beside the target's baseline; empty
+    where overlay cannot be mounted."""
+    lower, upper, scratch, merged = (work / n for n in ("lower", "upper", "ovl-work", "merged"))
+    for d in (lower, upper / "dir", scratch, merged):
+        d.mkdir(parents=True, exist_ok=True)
+    for i in range(entries):
+        (upper / "dir" / str(i)).touch()
+    mounted = subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o",
+         f"lowerdir={lower},upperdir={upper},workdir={scratch}", str(merged)],
+        capture_output=True, check=False).returncode == 0
+    try:
+        return [scandir_stat(merged / "dir") for _ in range(runs)] if mounted else []
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(merged)], capture_output=True, check=True)
+        shutil.rmtree(work)
 
 
 async def run(env: BenchEnv) -> list[Row]:
@@ -170,6 +193,10 @@ async def run(env: BenchEnv) -> list[Row]:
     if host_list_shared:
         list_bases.append(Measured("scandir+stat, sandlot's cgroup parent",
                                    ms(host_list_shared)))
+    on_overlay = overlay_listing(work / "overlay", sc.dir_entries, sc.dir_runs)
+    if on_overlay:
+        list_bases.append(Measured("scandir+stat, an overlay mount's upper files",
+                                   ms(on_overlay)))
     shutil.rmtree(work, ignore_errors=True)
 
     big = _size_label(sc.large_file_bytes)

@@ -109,3 +109,23 @@ def test_walk_skips_entries_gone_and_keeps_lexical_order_in_subdirectories(
     (tmp_path / "z" / "b").unlink()  # gone before the walk reaches it
     assert [p for p, _ in walked] == [f"{tmp_path}/z", f"{tmp_path}/z/a",
                                       f"{tmp_path}/z/a/inner"]
+
+
+def test_timestamps_are_rfc3339_utc_with_microseconds_truncated() -> None:
+    """``iso_ns`` against datetime arithmetic on whole microseconds (no float rounding):
+    the fraction is truncated, left out when zero, and seconds before 1970-01-01T00:00:01
+    (fewer digits than a second's) or before 1970 come out the same way."""
+    from datetime import UTC, datetime, timedelta
+
+    from sandlot.execd.fileinfo import iso_ns
+
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    for ns in (0, 1, 999, 1_000, 999_999_999, 1_000_000_000, 1_234_567_891,
+               1_733_480_000_123_456_789, 1_733_480_000_000_000_999, 1_733_480_000_000_001_000,
+               253_402_300_799_999_999_999):
+        moment = epoch + timedelta(microseconds=ns // 1000)
+        text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+        expected = f"{text}.{moment.microsecond:06d}Z" if moment.microsecond else f"{text}Z"
+        assert iso_ns(ns) == expected, ns
+        assert iso_ns(ns) == expected, ns  # from the seconds' cache
+    assert iso_ns(-1_500_000_000) == "1969-12-31T23:59:58.500000Z"

@@ -51,14 +51,14 @@ def _json_names(names: list[str]) -> list[str]:
 def _format(prefix: str, names: list[str], stats: list[os.stat_result],
             out: list[str]) -> None:
     """Append each entry's JSON object to ``out``."""
-    path_prefix = _json_text(prefix)[1:-1]
-    append, fields = out.append, _fields
+    lead = '{"path":"' + _json_text(prefix)[1:-1]
+    append, fields, stamp = out.append, _fields, iso_ns
     for name, st in zip(_json_names(names), stats, strict=True):
-        mode, mtime, ctime = st.st_mode, st.st_mtime_ns, st.st_ctime_ns
-        head, tail = fields(mode, st.st_uid, st.st_gid)
-        modified = iso_ns(mtime)
-        created = modified if ctime == mtime else iso_ns(ctime)
-        append(f'{{"path":"{path_prefix}{name}",{head}{st.st_size},"modified_at":"{modified}",'
+        mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
+        head, tail = fields(st.st_mode, st.st_uid, st.st_gid)
+        modified = stamp(mtime)
+        created = modified if ctime == mtime else stamp(ctime)
+        append(f'{lead}{name}",{head}{st.st_size},"modified_at":"{modified}",'
                f'"created_at":"{created}",{tail}')
 
 
