@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import importlib.metadata as md
 import importlib.util
+import logging
 import os
 import re
 import shutil
@@ -28,8 +29,11 @@ import subprocess
 import sys
 import sysconfig
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from sandlot.runtime import bundle_prune
 
 FORMAT_VERSION = "1"
 MOUNT_POINT = "/opt/sandlot"
@@ -50,6 +54,7 @@ _STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "site-p
 _DYNLOAD_SKIP = ("_tkinter", "_test", "xxlimited", "_xxtestfuzz", "_ctypes_test")
 _EXTRA_LIBS = ("libgcc_s.so.1",)  # dlopen()ed by glibc for thread exit/cancellation
 _PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -248,15 +253,25 @@ def _build_once(root: Path, name: str, build) -> Path:  # type: ignore[no-untype
     return final
 
 
-def ensure_bundle(cache_root: Path) -> ExecdBundle:
-    """Return the current bundle, building it first if sandlot's code or deps changed."""
+def ensure_bundle(cache_root: Path,
+                  referenced: Callable[[], Iterable[Path]] | None = None) -> ExecdBundle:
+    """Return the current bundle, building it first if sandlot's code or deps changed.
+
+    With ``referenced`` (a runtime serving from its own data dir's cache: the bundles its
+    sandboxes name), the bundles of earlier versions nothing uses are removed after
+    (``bundle_prune``); a failure there is logged and does not stop the start."""
     cache_root.mkdir(parents=True, exist_ok=True)
     with open(cache_root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         bkey = base_key()
         base = _build_once(cache_root, f"base-{bkey}", _build_base)
         full = _build_once(cache_root, full_key(bkey), lambda d: _build_full(base, d))
-        for tmp in cache_root.glob(".tmp-*"):  # crashed builds of earlier runs
+        for tmp in cache_root.glob(".tmp-*"):  # crashed builds and prunes of earlier runs
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)
+        if referenced is not None:
+            try:
+                bundle_prune.prune_unused(cache_root, (base, full), referenced)
+            except Exception:  # noqa: BLE001 - a cache left as it was must not stop a start
+                log.warning("execd bundles of earlier versions were not pruned", exc_info=True)
     return ExecdBundle(full)

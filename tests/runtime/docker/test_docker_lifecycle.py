@@ -10,8 +10,14 @@ import pytest
 
 from sandlot.errors import Conflict, NotFound
 from sandlot.runtime.base import ContainerState
+from sandlot.runtime.bundle_prune import used_on_host
 from sandlot.runtime.docker import DockerRuntime
-from sandlot.runtime.docker.container import LABEL_OWNER, LABEL_SANDBOX, container_name
+from sandlot.runtime.docker.container import (
+    LABEL_OWNER,
+    LABEL_SANDBOX,
+    bundles_named,
+    container_name,
+)
 from tests.docker_engine import PrivateDockerd
 from tests.runtime.docker.conftest import closing, open_docker_runtime
 from tests.runtime.docker.helpers import adexec, dspec, wait_ready
@@ -46,6 +52,12 @@ async def test_create_connect_pause_resume_delete(
     mounts = {m["Destination"]: m for m in attrs["Mounts"]}
     assert mounts["/opt/sandlot"]["RW"] is False
     assert Path(mounts["/opt/sandlot"]["Source"]) == rt.plan.bundle.path
+    # what a start's bundle prune asks: the engine's list names it, the container mounts it
+    assert private_dockerd.client is not None
+    owned = private_dockerd.client.api.containers(
+        all=True, filters={"label": [f"{LABEL_OWNER}={rt.plan.owner}"]})
+    assert bundles_named(owned) == {rt.plan.bundle.path}
+    assert used_on_host([rt.plan.bundle.path]) == {rt.plan.bundle.path}
     # the token reached execd, and execd scrubbed it from what it starts
     r = await adexec(private_dockerd, "dk-life", "tr '\\0' '\\n' < /proc/$(pgrep -x sleep)/environ")
     assert "SANDLOT_EXECD_TOKEN" not in r.output and "PYTHONHOME" not in r.output

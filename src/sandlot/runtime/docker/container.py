@@ -22,7 +22,7 @@ from sandlot.errors import RuntimeFailure
 from sandlot.runtime.base import SandboxSpec
 from sandlot.runtime.docker.images import EngineImage
 from sandlot.runtime.docker.network import NetworkKind, NetworkMode
-from sandlot.runtime.execd_bundle import ExecdBundle
+from sandlot.runtime.execd_bundle import MOUNT_POINT, ExecdBundle
 from sandlot.runtime.oci.claimops import WARM_CPU_SHARES
 from sandlot.runtime.oci.pool import is_pool_id
 from sandlot.runtime.oci.seccomp import seccomp_profile
@@ -200,6 +200,13 @@ class Plan:
         if self.network.own_namespace:
             kwargs["hostname"] = hostname(spec.sandbox_id)
         return kwargs
+
+
+def bundles_named(containers: list[dict[str, Any]]) -> set[Path]:
+    """The execd bundles bound into ``containers`` (entries of the engine's container list,
+    in any state: a stopped one mounts its bundle again if started)."""
+    return {Path(m["Source"]) for c in containers for m in c.get("Mounts") or []
+            if m.get("Destination") == MOUNT_POINT and isinstance(m.get("Source"), str)}
 
 
 def _bundle_mount(bundle: ExecdBundle) -> Mount:

@@ -61,6 +61,7 @@ from sandlot.runtime.docker.container import (
     LABEL_OWNER,
     NAME_PREFIX,
     Plan,
+    bundles_named,
     container_name,
     sandbox_of,
     security_options,
@@ -74,6 +75,7 @@ from sandlot.runtime.logtail import cut_to_line
 from sandlot.runtime.oci import pool
 from sandlot.runtime.oci.netns import NetnsConnector
 from sandlot.runtime.oci.snapshot_pools import SnapshotPools
+from sandlot.runtime.oci.spec import bundles_named as oci_bundles_named
 
 log = logging.getLogger(__name__)
 
@@ -157,9 +159,13 @@ class DockerRuntime(Runtime):
                 log.warning('[docker] network_mode = "host": sandboxes share the host network '
                             "(its ports, its addresses); use bridge or none to isolate them")
             datadir.create(cfg.data_dir)
-            bundle = await asyncio.to_thread(ensure_bundle, cfg.data_dir / "execd-bundle")
-            plan = Plan(bundle=bundle, cfg=dcfg, network=network,
-                        owner=datadir.owner_id(cfg.data_dir, "docker-owner"),
+            owner = datadir.owner_id(cfg.data_dir, "docker-owner")
+            bundle = await asyncio.to_thread(
+                ensure_bundle, cfg.data_dir / "execd-bundle",
+                lambda: bundles_named(engine.api.containers(
+                    all=True, filters={"label": [f"{LABEL_OWNER}={owner}"]}))
+                | oci_bundles_named(cfg.data_dir / "sandboxes"))  # an earlier OCI server's
+            plan = Plan(bundle=bundle, cfg=dcfg, network=network, owner=owner,
                         execd_port=cfg.execd.port,
                         security_opt=security_opt, swap_limit=bool(info.get("SwapLimit")),
                         engine_runtime=engine_runtime)

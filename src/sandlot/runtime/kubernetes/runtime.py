@@ -73,6 +73,7 @@ from sandlot.runtime.kubernetes.pod import (
 from sandlot.runtime.kubernetes.portforward import PortForwarder
 from sandlot.runtime.kubernetes.warm import WarmKeeper, WarmPod, warm_labels_patch
 from sandlot.runtime.kubernetes.watcher import PodWatch
+from sandlot.runtime.oci.spec import bundles_named
 from sandlot.server.quantity import parse_cpu, parse_ephemeral_storage, parse_memory
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,11 @@ class KubernetesRuntime(Runtime):
                                      f"{api.configuration.host}: {explain(exc)}") from exc
             runtime_class = await _runtime_class(api, cfg)
             datadir.create(cfg.data_dir)
-            bundle = await asyncio.to_thread(ensure_bundle, cfg.data_dir / "execd-bundle")
+            # Pods get the bundle as an image, not from this cache; only the sandboxes of an
+            # OCI server this data dir served before could name one.
+            bundle = await asyncio.to_thread(
+                ensure_bundle, cfg.data_dir / "execd-bundle",
+                lambda: bundles_named(cfg.data_dir / "sandboxes"))
             image = kcfg.execd_bundle_image or bundle_image.image_name(bundle)
             plan = PodPlan(cfg=kcfg, bundle=bundle, bundle_image=image,
                            owner=kcfg.owner or datadir.owner_id(cfg.data_dir, "kubernetes-owner"),

@@ -279,7 +279,8 @@ class OciRuntime(Runtime):
             (data_dir / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(data_dir / "runc", 0o700)
         await asyncio.to_thread(removal.sweep_trash, data_dir / "sandboxes")
-        bundle = await asyncio.to_thread(ensure_bundle, data_dir / "execd-bundle")
+        bundle = await asyncio.to_thread(ensure_bundle, data_dir / "execd-bundle",
+                                         lambda: ocispec.bundles_named(data_dir / "sandboxes"))
         if images is None:
             from sandlot.images.store import ImageStore
 

@@ -1,0 +1,104 @@
+"""Removing the execd bundles of earlier sandlot versions from a data dir's cache.
+
+Every code version adds a bundle to ``execd-bundle/`` (~6.6 MB: hard links to its base's
+files plus sandlot's own code) and every interpreter or distribution change a base; nothing
+removed them. A bundle is removed only when nothing can still need it:
+
+- it is not the bundle being served, nor that bundle's base (``keep``);
+- the runtime's own sandboxes do not name it (``referenced``: their config.json or their
+  containers' mounts, stopped and hibernated ones included, which a restore mounts again);
+- nothing on the host uses it now: no mount of it in any mount namespace (a container's
+  ``/opt/sandlot``, a zygote's private namespace) and no process runs a file of it.
+
+A cache that is a symbolic link is shared by several data dirs (the test suite's and the
+bench's are) and is left alone: another server's stopped sandboxes cannot be seen from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# A bundle's or a base's folder name (``execd_bundle._build_once``); anything else is kept.
+_BUNDLE_NAME = re.compile(r"(base-)?[0-9a-f]{16}")
+_MOUNTINFO_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def prune_unused(cache_root: Path, keep: Collection[Path],
+                 referenced: Callable[[], Iterable[Path]]) -> list[Path]:
+    """Remove the bundles under ``cache_root`` that nothing needs (see the module's
+    docstring); the removed paths. The caller holds the cache's lock, so no build runs
+    meanwhile. ``referenced`` is only asked when there is something to remove."""
+    if cache_root.is_symlink():
+        return []
+    kept = {p.resolve() for p in keep}
+    candidates = [d for d in sorted(cache_root.iterdir())
+                  if _BUNDLE_NAME.fullmatch(d.name) and d.is_dir() and not d.is_symlink()
+                  and d.resolve() not in kept]
+    if not candidates:
+        return []
+    named = {Path(p).resolve() for p in referenced()}
+    candidates = [d for d in candidates if d.resolve() not in named]
+    live = used_on_host(candidates)
+    removed = []
+    for bundle in candidates:
+        if bundle in live:
+            continue
+        trash = cache_root / f".tmp-prune-{bundle.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(bundle, trash)  # gone at once; a crash leaves a .tmp-* the next build sweeps
+        except OSError as exc:
+            log.warning("execd bundle %s: not removed: %s", bundle, exc)
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
+        removed.append(bundle)
+    if removed:
+        log.info("removed %d execd bundle(s) of earlier versions no sandbox uses: %s",
+                 len(removed), ", ".join(p.name for p in removed))
+    return removed
+
+
+def used_on_host(bundles: list[Path]) -> set[Path]:
+    """The ``bundles`` some mount namespace on the host mounts (all or a part of), or some
+    process's executable lies in. Mounts are matched on their root within the file system,
+    by the bundle's folder name (a 16-digit key): the kernel keeps no bind mount's source
+    path, only that root, and a false match only keeps a bundle."""
+    keys = {b: f"/{b.name}" for b in bundles}
+    real = {b: str(b.resolve()) for b in bundles}
+    used: set[Path] = set()
+    namespaces: set[str] = set()
+
+    def mark(path: str, prefixes: dict[Path, str], anywhere: bool) -> None:
+        for bundle, prefix in prefixes.items():
+            at = path.find(prefix) if anywhere else (0 if path.startswith(prefix) else -1)
+            if at >= 0 and path[at + len(prefix):at + len(prefix) + 1] in ("", "/"):
+                used.add(bundle)
+
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            mark(os.readlink(f"/proc/{pid}/exe"), real, anywhere=False)
+        try:
+            namespace = os.readlink(f"/proc/{pid}/ns/mnt")
+            if namespace in namespaces:
+                continue
+            namespaces.add(namespace)
+            with open(f"/proc/{pid}/mountinfo") as fh:
+                lines = fh.read().splitlines()
+        except OSError:
+            continue  # a process that ended meanwhile, or a kernel thread
+        for line in lines:
+            fields = line.split(" ", 4)
+            if len(fields) > 3:
+                root = _MOUNTINFO_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[3])
+                mark(root, keys, anywhere=True)
+    return used
