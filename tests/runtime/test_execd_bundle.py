@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from sandlot.runtime import execd_bundle as eb
@@ -106,3 +107,21 @@ def test_bundle_has_no_server_http_stack(oci_runtime: OciRuntime) -> None:
         assert not (site / absent).exists(), absent
     r = _run_bundle_python(oci_runtime.bundle, "import uvicorn")
     assert r.returncode != 0 and "uvicorn" in r.stderr
+
+
+def test_bundle_modules_run_from_bytecode_without_docstrings(oci_runtime: OciRuntime) -> None:
+    """The stdlib, the distributions and sandlot's own code come from the bundle's .pyc
+    files, compiled without docstrings (bundle_bytecode); asserts stay (no -O)."""
+    code = (
+        "import sys, asyncio, starlette.routing, sandlot.execd.zygote as z\n"
+        "print(sys.flags.optimize, asyncio.__doc__, starlette.routing.Route.__doc__,"
+        " z.__doc__, z.preload.__doc__)\n"
+        "print(z.__cached__, asyncio.__cached__)\n"
+    )
+    r = _run_bundle_python(oci_runtime.bundle, code)
+    assert r.returncode == 0, r.stderr
+    flags, cached = r.stdout.splitlines()
+    assert flags == "0 None None None None"
+    root = str(oci_runtime.bundle.path)
+    tag = f".{sys.implementation.cache_tag}.pyc"  # the bundle's interpreter is the venv's
+    assert all(p.startswith(root) and p.endswith(tag) for p in cached.split())

@@ -15,7 +15,6 @@ that code too), so an edit of sandlot's code costs a link farm, not a full rebui
 
 from __future__ import annotations
 
-import compileall
 import contextlib
 import fcntl
 import hashlib
@@ -33,9 +32,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandlot.runtime import bundle_prune
+from sandlot.runtime import bundle_bytecode, bundle_prune
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # 2: modules compiled without docstrings (bundle_bytecode)
 MOUNT_POINT = "/opt/sandlot"
 # Every distribution execd imports (their own requirements are added automatically).
 # execd serves HTTP itself (execd/httpserver.py on h11 and websockets' sans-I/O protocol):
@@ -50,7 +49,8 @@ EXECD_DISTRIBUTIONS = (
 )
 # Never needed inside a sandbox; large or GUI-only parts of the standard library.
 _STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "site-packages",
-                "dist-packages", "__phello__", "lib2to3"}
+                "dist-packages", "__phello__", "lib2to3",
+                "__pycache__"}  # the host's bytecode: compiled again here, without docstrings
 _DYNLOAD_SKIP = ("_tkinter", "_test", "xxlimited", "_xxtestfuzz", "_ctypes_test")
 _EXTRA_LIBS = ("libgcc_s.so.1",)  # dlopen()ed by glibc for thread exit/cancellation
 _PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -223,7 +223,7 @@ def _build_base(dest: Path) -> None:
     _copy_libs(dest / "lib", objects)
     if not (dest / "lib" / "ld-linux-x86-64.so.2").exists():
         raise RuntimeError("the host's dynamic loader was not found by ldd")
-    compileall.compile_dir(dest, quiet=2, workers=0)
+    bundle_bytecode.compile_tree(dest)
 
 
 def _link_farm(src: Path, dest: Path) -> None:
@@ -234,7 +234,7 @@ def _build_full(base: Path, dest: Path) -> None:
     _link_farm(base, dest)
     code = dest / "site-packages" / "sandlot"
     shutil.copytree(_sandlot_dir(), code, ignore=shutil.ignore_patterns("__pycache__"))
-    compileall.compile_dir(code, quiet=2, workers=0)
+    bundle_bytecode.compile_tree(code)
 
 
 def _build_once(root: Path, name: str, build) -> Path:  # type: ignore[no-untyped-def]
