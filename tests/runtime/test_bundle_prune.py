@@ -65,8 +65,9 @@ def users(tmp_path: Path) -> Iterator[Path]:
 
 def test_only_bundles_nothing_needs_are_removed(users: Path) -> None:
     cache = users
+    # named by a config written before the data dir moved: matched by its key
     removed = bundle_prune.prune_unused(cache, (cache / CURRENT, cache / BASE),
-                                        lambda: [cache / NAMED])
+                                        lambda: [Path("/moved/data/execd-bundle") / NAMED])
     assert sorted(p.name for p in removed) == sorted([OLD, OLD_BASE])
     left = sorted(p.name for p in cache.iterdir())
     assert left == sorted([CURRENT, BASE, NAMED, MOUNTED, EXECUTED, "notes"])

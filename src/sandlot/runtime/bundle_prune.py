@@ -45,8 +45,9 @@ def prune_unused(cache_root: Path, keep: Collection[Path],
                   and d.resolve() not in kept]
     if not candidates:
         return []
-    named = {Path(p).resolve() for p in referenced()}
-    candidates = [d for d in candidates if d.resolve() not in named]
+    # By key, not by path: a config written before the data dir was moved names it too.
+    named = {Path(p).name for p in referenced()}
+    candidates = [d for d in candidates if d.name not in named]
     live = used_on_host(candidates)
     removed = []
     for bundle in candidates:
