@@ -16,7 +16,6 @@ import pytest
 from sandlot.images.model import Image
 from sandlot.runtime import bundle_prune, execd_bundle
 from sandlot.runtime.oci import OciRuntime
-from sandlot.runtime.oci import spec as ocispec
 from tests.compat.conftest import BUNDLE_CACHE
 from tests.runtime.helpers import needs_root, open_runtime, short_tmpdir, spec, wait_ping
 
@@ -115,7 +114,8 @@ async def test_a_runtime_s_sandboxes_name_and_mount_its_bundle(
     rt = oci_runtime
     await rt.create(spec("prune1", rt_image))
     assert (await wait_ping(rt, "prune1")).status_code == 200
-    assert rt.bundle.path in ocispec.bundles_named(runtime_data_dir / "sandboxes")
+    assert rt.bundle.path in bundle_prune.named_in_oci_configs(runtime_data_dir,
+                                                               rt.bundle.mount_point)
     assert bundle_prune.used_on_host([rt.bundle.path]) == {rt.bundle.path}
     await rt.delete("prune1")
 

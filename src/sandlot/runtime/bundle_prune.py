@@ -17,6 +17,7 @@ bench's are) and is left alone: another server's stopped sandboxes cannot be see
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 # A bundle's or a base's folder name (``execd_bundle._build_once``); anything else is kept.
 _BUNDLE_NAME = re.compile(r"(base-)?[0-9a-f]{16}")
 _MOUNTINFO_ESCAPE = re.compile(r"\\([0-7]{3})")
+# Where an OCI data dir keeps each sandbox's config (``oci/layout.py``), named here so that
+# a runtime need not import the OCI package (and its nftables binding) to ask.
+OCI_CONFIGS = "sandboxes/*/bundle/config.json"
 
 
 def prune_unused(cache_root: Path, keep: Collection[Path],
@@ -65,6 +69,22 @@ def prune_unused(cache_root: Path, keep: Collection[Path],
         log.info("removed %d execd bundle(s) of earlier versions no sandbox uses: %s",
                  len(removed), ", ".join(p.name for p in removed))
     return removed
+
+
+def named_in_oci_configs(data_dir: Path, mount_point: str) -> set[Path]:
+    """The bundles that the config.json of each OCI sandbox under ``data_dir`` binds at
+    ``mount_point``: running, stopped and hibernated ones (a restore mounts its config's
+    again). An unreadable config names none."""
+    found: set[Path] = set()
+    for config_json in data_dir.glob(OCI_CONFIGS):
+        try:
+            mounts = json.loads(config_json.read_text()).get("mounts") or []
+        except (OSError, ValueError, AttributeError):
+            continue
+        found.update(Path(m["source"]) for m in mounts
+                     if isinstance(m, dict) and m.get("destination") == mount_point
+                     and isinstance(m.get("source"), str))
+    return found
 
 
 def used_on_host(bundles: list[Path]) -> set[Path]:

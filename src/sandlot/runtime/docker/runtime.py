@@ -39,7 +39,7 @@ from sandlot.errors import (
     Unsupported,
 )
 from sandlot.images.model import Image
-from sandlot.runtime import admission, cgroupstats, execd_client, tcp_connect
+from sandlot.runtime import admission, bundle_prune, cgroupstats, execd_client, tcp_connect
 from sandlot.runtime.admission import StartGate
 from sandlot.runtime.base import (
     ContainerInfo,
@@ -70,12 +70,11 @@ from sandlot.runtime.docker.engine import Engine
 from sandlot.runtime.docker.events import ContainerEvents
 from sandlot.runtime.docker.network import HostPortAllocator, NetworkKind, NetworkMode
 from sandlot.runtime.docker.volumes import DockerVolumes
-from sandlot.runtime.execd_bundle import ensure_bundle
+from sandlot.runtime.execd_bundle import MOUNT_POINT, ensure_bundle
 from sandlot.runtime.logtail import cut_to_line
 from sandlot.runtime.oci import pool
 from sandlot.runtime.oci.netns import NetnsConnector
 from sandlot.runtime.oci.snapshot_pools import SnapshotPools
-from sandlot.runtime.oci.spec import bundles_named as oci_bundles_named
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +163,7 @@ class DockerRuntime(Runtime):
                 ensure_bundle, cfg.data_dir / "execd-bundle",
                 lambda: bundles_named(engine.api.containers(
                     all=True, filters={"label": [f"{LABEL_OWNER}={owner}"]}))
-                | oci_bundles_named(cfg.data_dir / "sandboxes"))  # an earlier OCI server's
+                | bundle_prune.named_in_oci_configs(cfg.data_dir, MOUNT_POINT))  # an OCI server's
             plan = Plan(bundle=bundle, cfg=dcfg, network=network, owner=owner,
                         execd_port=cfg.execd.port,
                         security_opt=security_opt, swap_limit=bool(info.get("SwapLimit")),

@@ -39,7 +39,7 @@ from sandlot.errors import (
     Unsupported,
 )
 from sandlot.net.policy import coerce
-from sandlot.runtime import execd_client
+from sandlot.runtime import bundle_prune, execd_client
 from sandlot.runtime.base import (
     ContainerInfo,
     ContainerState,
@@ -53,7 +53,7 @@ from sandlot.runtime.base import (
     VolumeSpec,
     WarmPoolStats,
 )
-from sandlot.runtime.execd_bundle import ensure_bundle
+from sandlot.runtime.execd_bundle import MOUNT_POINT, ensure_bundle
 from sandlot.runtime.kubernetes import bundle_image, netpolicy, podstatus
 from sandlot.runtime.kubernetes.apierror import explain
 from sandlot.runtime.kubernetes.egress import PodEgress
@@ -73,7 +73,6 @@ from sandlot.runtime.kubernetes.pod import (
 from sandlot.runtime.kubernetes.portforward import PortForwarder
 from sandlot.runtime.kubernetes.warm import WarmKeeper, WarmPod, warm_labels_patch
 from sandlot.runtime.kubernetes.watcher import PodWatch
-from sandlot.runtime.oci.spec import bundles_named
 from sandlot.server.quantity import parse_cpu, parse_ephemeral_storage, parse_memory
 
 log = logging.getLogger(__name__)
@@ -163,7 +162,7 @@ class KubernetesRuntime(Runtime):
             # OCI server this data dir served before could name one.
             bundle = await asyncio.to_thread(
                 ensure_bundle, cfg.data_dir / "execd-bundle",
-                lambda: bundles_named(cfg.data_dir / "sandboxes"))
+                lambda: bundle_prune.named_in_oci_configs(cfg.data_dir, MOUNT_POINT))
             image = kcfg.execd_bundle_image or bundle_image.image_name(bundle)
             plan = PodPlan(cfg=kcfg, bundle=bundle, bundle_image=image,
                            owner=kcfg.owner or datadir.owner_id(cfg.data_dir, "kubernetes-owner"),

@@ -47,7 +47,7 @@ from sandlot.images.model import Image, ImageConfig, RegistryAuth
 from sandlot.net import hostmode
 from sandlot.net.manager import NetworkManager
 from sandlot.net.policy import coerce as coerce_policy
-from sandlot.runtime import admission, cgroupstats, execd_client, tcp_connect
+from sandlot.runtime import admission, bundle_prune, cgroupstats, execd_client, tcp_connect
 from sandlot.runtime.admission import StartGate
 from sandlot.runtime.base import (
     ContainerInfo,
@@ -62,7 +62,7 @@ from sandlot.runtime.base import (
     VolumeSpec,
     WarmPoolStats,
 )
-from sandlot.runtime.execd_bundle import ExecdBundle, ensure_bundle
+from sandlot.runtime.execd_bundle import MOUNT_POINT, ExecdBundle, ensure_bundle
 from sandlot.runtime.logtail import tail_file
 from sandlot.runtime.oci import (
     cgroups,
@@ -279,8 +279,9 @@ class OciRuntime(Runtime):
             (data_dir / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(data_dir / "runc", 0o700)
         await asyncio.to_thread(removal.sweep_trash, data_dir / "sandboxes")
-        bundle = await asyncio.to_thread(ensure_bundle, data_dir / "execd-bundle",
-                                         lambda: ocispec.bundles_named(data_dir / "sandboxes"))
+        bundle = await asyncio.to_thread(
+            ensure_bundle, data_dir / "execd-bundle",
+            lambda: bundle_prune.named_in_oci_configs(data_dir, MOUNT_POINT))
         if images is None:
             from sandlot.images.store import ImageStore
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import resource
 from collections.abc import Iterable
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 
 from sandlot.images.model import Image
 from sandlot.runtime.base import SandboxSpec
-from sandlot.runtime.execd_bundle import MOUNT_POINT, ExecdBundle
+from sandlot.runtime.execd_bundle import ExecdBundle
 from sandlot.runtime.oci import cgroups
 from sandlot.runtime.oci.seccomp import seccomp_profile
 
@@ -172,22 +171,6 @@ def _mounts(bundle: ExecdBundle, etc_dir: Path) -> list[dict[str, Any]]:
         {"destination": "/etc/hostname", "type": "bind", "source": str(etc_dir / "hostname"),
          "options": ["bind", "rw", "nosuid", "nodev", "noexec"]},
     ]
-
-
-def bundles_named(sandboxes: Path) -> set[Path]:
-    """The execd bundles that the config.json of each sandbox folder under ``sandboxes``
-    binds: running, stopped and hibernated ones (a restore mounts its config's again). An
-    unreadable config names none."""
-    found: set[Path] = set()
-    for config_json in sandboxes.glob("*/bundle/config.json"):
-        try:
-            mounts = json.loads(config_json.read_text()).get("mounts") or []
-        except (OSError, ValueError, AttributeError):
-            continue
-        found.update(Path(m["source"]) for m in mounts
-                     if isinstance(m, dict) and m.get("destination") == MOUNT_POINT
-                     and isinstance(m.get("source"), str))
-    return found
 
 
 def build_config(
