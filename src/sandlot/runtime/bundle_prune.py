@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 
 # A bundle's or a base's folder name (``execd_bundle._build_once``); anything else is kept.
 _BUNDLE_NAME = re.compile(r"(base-)?[0-9a-f]{16}")
-_MOUNTINFO_ESCAPE = re.compile(r"\\([0-7]{3})")
 # Where an OCI data dir keeps each sandbox's config (``oci/layout.py``), named here so that
 # a runtime need not import the OCI package (and its nftables binding) to ask.
 OCI_CONFIGS = "sandboxes/*/bundle/config.json"
@@ -89,37 +88,32 @@ def named_in_oci_configs(data_dir: Path, mount_point: str) -> set[Path]:
 
 def used_on_host(bundles: list[Path]) -> set[Path]:
     """The ``bundles`` some mount namespace on the host mounts (all or a part of), or some
-    process's executable lies in. Mounts are matched on their root within the file system,
-    by the bundle's folder name (a 16-digit key): the kernel keeps no bind mount's source
-    path, only that root, and a false match only keeps a bundle."""
-    keys = {b: f"/{b.name}" for b in bundles}
-    real = {b: str(b.resolve()) for b in bundles}
+    process's executable lies in. A mount is found by the bundle's folder name (its 16-digit
+    key) anywhere in the namespace's mountinfo: the kernel keeps no bind mount's source
+    path, only its root in the file system; the key holds no character mountinfo escapes,
+    and a false match only keeps a bundle."""
+    if not bundles:
+        return set()
+    by_name = {b.name: b for b in bundles}
+    keys = "|".join(map(re.escape, by_name))
+    mounted = re.compile(f"/({keys})(?=[/ ]|$)", re.MULTILINE)
+    homes = {str(b.resolve()) + "/": b for b in bundles}
     used: set[Path] = set()
     namespaces: set[str] = set()
-
-    def mark(path: str, prefixes: dict[Path, str], anywhere: bool) -> None:
-        for bundle, prefix in prefixes.items():
-            at = path.find(prefix) if anywhere else (0 if path.startswith(prefix) else -1)
-            if at >= 0 and path[at + len(prefix):at + len(prefix) + 1] in ("", "/"):
-                used.add(bundle)
-
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         with contextlib.suppress(OSError):
-            mark(os.readlink(f"/proc/{pid}/exe"), real, anywhere=False)
+            exe = os.readlink(f"/proc/{pid}/exe")
+            used.update(b for home, b in homes.items() if exe.startswith(home))
         try:
             namespace = os.readlink(f"/proc/{pid}/ns/mnt")
             if namespace in namespaces:
                 continue
             namespaces.add(namespace)
             with open(f"/proc/{pid}/mountinfo") as fh:
-                lines = fh.read().splitlines()
+                text = fh.read()
         except OSError:
             continue  # a process that ended meanwhile, or a kernel thread
-        for line in lines:
-            fields = line.split(" ", 4)
-            if len(fields) > 3:
-                root = _MOUNTINFO_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[3])
-                mark(root, keys, anywhere=True)
+        used.update(by_name[name] for name in mounted.findall(text))
     return used
