@@ -89,9 +89,9 @@ def host_listing(root: Path, entries: int, runs: int,
 
 def overlay_listing(work: Path, entries: int, runs: int) -> list[float]:
     """scandir+stat of ``entries`` files made in the upper layer of an overlay mount, as a
-    sandbox's own files are (a listing's ``lstat`` there measured ~1.9x a plain directory's
-    on this kernel: docs/benchmarks.md). Informative, beside the target's baseline; empty
-    where overlay cannot be mounted."""
+    sandbox's own files are (a listing's ``lstat`` there measured 1.3-1.9x a plain
+    directory's on this kernel: docs/benchmarks.md). Informative, beside the target's
+    baseline; empty where overlay cannot be mounted."""
     lower, upper, scratch, merged = (work / n for n in ("lower", "upper", "ovl-work", "merged"))
     for d in (lower, upper / "dir", scratch, merged):
         d.mkdir(parents=True, exist_ok=True)
