@@ -346,3 +346,31 @@ async def test_an_endless_starlette_stream_stops_when_the_client_goes() -> None:
     finally:
         server.request_exit()
         await asyncio.wait_for(task, 10)
+
+
+async def test_each_request_gets_a_copy_of_the_lifespan_state() -> None:
+    """What the app's start-up stores in the lifespan scope's ``state`` reaches every
+    request's scope, each as a shallow copy: a request's own additions stay its own (the
+    ASGI lifespan spec; Starlette's ``request.state`` is built on it)."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            scope["state"]["started"] = "yes"
+            await answer_lifespan(receive, send)
+            return
+        body = f"{scope['state'].get('started')} {scope['state'].get('seen')}".encode()
+        scope["state"]["seen"] = scope["path"]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    server = HttpServer(app)
+    sock = _listener()
+    task = asyncio.create_task(server.serve([sock]))
+    await asyncio.wait_for(server.started.wait(), 10)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}") as c:
+            assert [(await c.get(p)).text for p in ("/a", "/b")] == ["yes None", "yes None"]
+        assert server.app_state == {"started": "yes"}
+    finally:
+        server.request_exit()
+        await asyncio.wait_for(task, 10)

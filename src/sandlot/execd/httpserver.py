@@ -102,6 +102,11 @@ class HttpServer:
     def request_exit(self) -> None:
         self._exit.set()
 
+    @property
+    def app_state(self) -> dict[str, Any]:
+        """What the app's lifespan startup stored; each request's scope gets a shallow copy."""
+        return self._lifespan.state
+
     async def _shut_down(self) -> None:
         self.close_listeners()
         for conn in list(self.connections):
@@ -494,7 +499,7 @@ class _Connection(asyncio.Protocol):
             "headers": [(bytes(k), bytes(v)) for k, v in request.headers],
             "server": server[:2] if server else None,
             "client": client[:2] if client else None,
-            "state": dict(self.server._lifespan.state),
+            "state": dict(self.server.app_state),
         }
 
 
