@@ -23,6 +23,7 @@ from bench.report import print_table, write_chart
 from bench.results import BenchOutcome, RunReport, now, result_stem, skipped, write_json
 from bench.sdk import Sandboxes
 from bench.server import (
+    BUNDLE_CACHE,
     DEFAULT_IMAGE_CACHE,
     SandlotServer,
     data_dir_base,
@@ -31,6 +32,7 @@ from bench.server import (
     reap_leftovers,
 )
 from sandlot import hostfs
+from sandlot.runtime.execd_bundle import prune_shared
 
 # Benchmarks that need longer than one bench's bound: density's many sandboxes, network's four
 # servers of its own, kubernetes' image loading into the node and its two servers (cold, then
@@ -223,6 +225,18 @@ def images_to_build(opts: Options) -> list[str]:
     return sorted({image for name in opts.names for image in IMAGES.get(name, ())})
 
 
+def _prune_bundle_cache(report: RunReport) -> list[str]:
+    """The execd bundles of earlier code versions removed from the bench's shared cache
+    (``prune_shared``: not served for a day, unused on the host); as root only."""
+    if os.geteuid() != 0 or not BUNDLE_CACHE.is_dir():
+        return []
+    try:
+        return [p.name for p in prune_shared(BUNDLE_CACHE)]
+    except Exception as exc:  # noqa: BLE001 - a cache left as it was does not stop the run
+        report.notes.append(f"the bundle cache was not pruned: {exc}")
+        return []
+
+
 def run(opts: Options) -> tuple[RunReport, int]:
     console = Console(width=200)
     scale = with_bursts(QUICK if opts.quick else FULL, os.environ.get("SANDLOT_BENCH_BURSTS", ""))
@@ -239,6 +253,7 @@ def run(opts: Options) -> tuple[RunReport, int]:
                                             "output": msg}
         if not ok:
             report.notes.append(f"`sandlot image build base` failed: {msg}")
+        report.environment["bundle_cache_pruned"] = _prune_bundle_cache(report)
         for image in images_to_build(opts):
             t0 = time.perf_counter()
             ok_img, msg_img = ensure_image(image, opts.image_cache, timeout=1800)

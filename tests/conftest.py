@@ -46,7 +46,18 @@ from tests.k8s_cluster import Cluster, running_cluster
 os.environ.setdefault("SANDLOT_NETWORK_MODE", "none")
 
 DEFAULT_TEST_IMAGES = Path("/var/tmp/sandlot-test/images")
+# The execd bundle cache every test data dir links to (built once per code version).
+BUNDLE_CACHE = Path(os.environ.get("SANDLOT_TEST_BUNDLE", "/var/tmp/sandlot-test/execd-bundle"))
 REGISTRY_BIN = "/usr/bin/docker-registry"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Bundles of earlier code versions leave the shared cache once no run has served them
+    for a day (``prune_shared``); as root only, where every process's mounts can be read."""
+    if os.geteuid() == 0 and BUNDLE_CACHE.is_dir():
+        from sandlot.runtime.execd_bundle import prune_shared
+
+        prune_shared(BUNDLE_CACHE)
 
 
 @pytest.fixture(scope="session")
@@ -89,8 +100,7 @@ def k8s_images(k8s_cluster: Cluster, base_image: Image) -> Cluster:
     from sandlot.runtime.execd_bundle import ensure_bundle
 
     k8s_cluster.import_image(base_image, "python:3.12")
-    cache = Path(os.environ.get("SANDLOT_TEST_BUNDLE", "/var/tmp/sandlot-test/execd-bundle"))
-    k8s_cluster.load_bundle(ensure_bundle(cache))
+    k8s_cluster.load_bundle(ensure_bundle(BUNDLE_CACHE))
     return k8s_cluster
 
 

@@ -41,12 +41,11 @@ from sandlot.images.model import Image
 from sandlot.images.store import ImageStore
 from sandlot.runtime.base import Runtime
 from sandlot.runtime.registry import runtime_class
-from tests.conftest import free_port
+from tests.conftest import BUNDLE_CACHE, free_port
 from tests.docker_engine import PrivateDockerd
 from tests.k8s_cluster import Cluster
 
 COMPAT_IMAGE = "python:3.12"
-BUNDLE_CACHE = Path(os.environ.get("SANDLOT_TEST_BUNDLE", "/var/tmp/sandlot-test/execd-bundle"))
 
 
 def needs_root() -> None:

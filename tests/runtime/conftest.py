@@ -11,7 +11,7 @@ import pytest
 
 from sandlot.images.model import Image
 from sandlot.runtime.oci import OciRuntime
-from tests.compat.conftest import BUNDLE_CACHE
+from tests.conftest import BUNDLE_CACHE
 from tests.runtime.helpers import needs_root, runtime_fixture, short_tmpdir
 
 

@@ -1,10 +1,12 @@
 """Bundles of earlier sandlot versions leave a data dir's own cache once nothing needs them:
 kept while served, named by a sandbox, mounted in any mount namespace or executed; a shared
-(symlinked) cache is never pruned; a real runtime's sandboxes are seen by both checks."""
+(symlinked) cache is not pruned by a runtime, only by its harness's ``prune_shared``, which
+keeps what was served within a day; a real runtime's sandboxes are seen by both checks."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -16,7 +18,7 @@ import pytest
 from sandlot.images.model import Image
 from sandlot.runtime import bundle_prune, execd_bundle
 from sandlot.runtime.oci import OciRuntime
-from tests.compat.conftest import BUNDLE_CACHE
+from tests.conftest import BUNDLE_CACHE
 from tests.runtime.helpers import needs_root, open_runtime, short_tmpdir, spec, wait_ping
 
 CURRENT, BASE = "a" * 16, "base-" + "b" * 16
@@ -107,6 +109,49 @@ def test_ensure_bundle_prunes_its_own_cache_only_when_asked(tmp_path: Path) -> N
     assert not stale.exists() and not list(cache.glob(".tmp-*"))
     assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == sorted(
         [current.name, base_name])
+
+
+def _served_ago(bundle: Path, seconds: float) -> None:
+    os.utime(bundle, (time.time() - seconds,) * 2)
+
+
+def test_a_shared_cache_keeps_what_was_served_within_the_idle_time(
+        users: Path, tmp_path: Path) -> None:
+    """``prune_shared`` (the test suite's and the bench's caches, reached here through a link
+    as their data dirs reach them): every bundle was last served two days ago except one an
+    hour ago; the current code's pair (real keys), the recent one and the two the host uses
+    stay, the rest go."""
+    base_key = execd_bundle.base_key()
+    current = (_bundle(users, f"base-{base_key}"), _bundle(users, execd_bundle.full_key(base_key)))
+    for bundle in users.iterdir():
+        _served_ago(bundle, 2 * 86400)
+    _served_ago(users / NAMED, 3600)
+    link = tmp_path / "shared-link"
+    link.symlink_to(users)
+    removed = execd_bundle.prune_shared(link, idle_seconds=86400)
+    assert sorted(p.name for p in removed) == sorted([CURRENT, BASE, OLD, OLD_BASE])
+    assert sorted(p.name for p in users.iterdir() if not p.name.startswith(".")) == sorted(
+        [NAMED, MOUNTED, EXECUTED, "notes", *(p.name for p in current)])
+
+
+def test_ensure_bundle_stamps_what_it_serves(tmp_path: Path) -> None:
+    """The served bundle and its base are stamped, not a sibling of the same base whose
+    files (``.complete`` too) are hard links to the base's, as a built bundle's are."""
+    cache = tmp_path / "execd-bundle"
+    base_key = execd_bundle.base_key()
+    base = _bundle(cache, f"base-{base_key}")
+    full = _bundle(cache, execd_bundle.full_key(base_key))
+    sibling = cache / OLD
+    sibling.mkdir()
+    for bundle in (full, sibling):
+        (bundle / ".complete").unlink(missing_ok=True)
+        os.link(base / ".complete", bundle / ".complete")
+    for bundle in (base, full, sibling):
+        _served_ago(bundle, 2 * 86400)
+    assert execd_bundle.ensure_bundle(cache).path == full
+    for bundle in (base, full):
+        assert time.time() - bundle.stat().st_mtime < 60
+    assert time.time() - sibling.stat().st_mtime > 86400
 
 
 async def test_a_runtime_s_sandboxes_name_and_mount_its_bundle(

@@ -19,7 +19,7 @@ from sandlot.images.model import Image
 from sandlot.runtime.base import ContainerState
 from sandlot.runtime.oci import OciRuntime, hibernate, runsc
 from sandlot.runtime.oci.layout import netns_name
-from tests.compat.conftest import BUNDLE_CACHE
+from tests.conftest import BUNDLE_CACHE
 from tests.runtime.helpers import (
     TEST_IMAGES,
     execd_client,

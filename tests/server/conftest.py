@@ -25,8 +25,7 @@ from sandlot.errors import ImageNotFound
 from sandlot.images.model import Image
 from sandlot.runtime.oci import OciRuntime
 from sandlot.server.app import create_app
-from tests.compat.conftest import BUNDLE_CACHE
-from tests.conftest import free_port
+from tests.conftest import BUNDLE_CACHE, free_port
 from tests.server.fakes import FakeImages, FakeRuntime
 
 API_KEY = "test-key-123"

@@ -12,6 +12,8 @@ removed them. A bundle is removed only when nothing can still need it:
 
 A cache that is a symbolic link is shared by several data dirs (the test suite's and the
 bench's are) and is left alone: another server's stopped sandboxes cannot be seen from here.
+Their harnesses prune it with ``execd_bundle.prune_shared`` instead, which keeps what was
+served recently rather than asking the data dirs.
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,10 @@ from sandlot.runtime import bundle_bytecode, bundle_prune
 
 FORMAT_VERSION = "2"  # 2: modules compiled without docstrings (bundle_bytecode)
 MOUNT_POINT = "/opt/sandlot"
+COMPLETE = ".complete"  # a finished build's marker (hard-linked from the base into its bundles)
+# A shared cache (the test suite's, the bench's) keeps a bundle served this recently: a run
+# of another checkout may still have stopped sandboxes naming it (see prune_shared).
+SHARED_IDLE_SECONDS = 24 * 3600.0
 # Every distribution execd imports (their own requirements are added automatically).
 # execd serves HTTP itself (execd/httpserver.py on h11 and websockets' sans-I/O protocol):
 # no uvicorn, httptools, uvloop or click (uvicorn's CLI) in sandboxes.
@@ -237,14 +242,22 @@ def _build_full(base: Path, dest: Path) -> None:
     bundle_bytecode.compile_tree(code)
 
 
+@contextlib.contextmanager
+def _locked(cache_root: Path) -> Iterator[None]:
+    """The cache's lock: one build or prune at a time, across processes."""
+    with open(cache_root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _build_once(root: Path, name: str, build) -> Path:  # type: ignore[no-untyped-def]
     final = root / name
-    if (final / ".complete").exists():
+    if (final / COMPLETE).exists():
         return final
     tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
     try:
         build(tmp)
-        (tmp / ".complete").write_text("")
+        (tmp / COMPLETE).write_text("")
         if final.exists():  # an incomplete leftover of a crashed build
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -261,11 +274,15 @@ def ensure_bundle(cache_root: Path,
     sandboxes name), the bundles of earlier versions nothing uses are removed after
     (``bundle_prune``); a failure there is logged and does not stop the start."""
     cache_root.mkdir(parents=True, exist_ok=True)
-    with open(cache_root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _locked(cache_root):
         bkey = base_key()
         base = _build_once(cache_root, f"base-{bkey}", _build_base)
         full = _build_once(cache_root, full_key(bkey), lambda d: _build_full(base, d))
+        # When each was last served (see prune_shared): the folder's own time, since its
+        # files are hard links that every bundle of one base shares.
+        for served in (base, full):
+            with contextlib.suppress(OSError):
+                os.utime(served)
         for tmp in cache_root.glob(".tmp-*"):  # crashed builds and prunes of earlier runs
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)
@@ -275,3 +292,30 @@ def ensure_bundle(cache_root: Path,
             except Exception:  # noqa: BLE001 - a cache left as it was must not stop a start
                 log.warning("execd bundles of earlier versions were not pruned", exc_info=True)
     return ExecdBundle(full)
+
+
+def prune_shared(cache_root: Path, idle_seconds: float = SHARED_IDLE_SECONDS) -> list[Path]:
+    """Remove the bundles of a cache that several short-lived data dirs share (the test
+    suite's, the bench's; ``ensure_bundle`` leaves a linked cache alone) when no runtime has
+    served them for ``idle_seconds`` and nothing on the host uses them; the current code's
+    bundle and base are kept. Only for caches whose data dirs are all temporary: a stopped
+    sandbox there lives no longer than the run that made it, which the idle time covers.
+    The removed paths."""
+    cache_root = cache_root.resolve()
+    if not cache_root.is_dir():
+        return []
+    with _locked(cache_root):
+        bkey = base_key()
+        now = time.time()
+        recent = [folder for folder in cache_root.iterdir()
+                  if _served_within(folder, now - idle_seconds)]
+        current = (cache_root / f"base-{bkey}", cache_root / full_key(bkey))
+        return bundle_prune.prune_unused(cache_root, (*current, *recent), lambda: ())
+
+
+def _served_within(folder: Path, since: float) -> bool:
+    try:
+        return folder.stat().st_mtime >= since
+    except OSError:
+        return False
+

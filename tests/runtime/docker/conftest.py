@@ -11,7 +11,7 @@ import pytest
 
 from sandlot.config import Config
 from sandlot.runtime.docker import DockerRuntime
-from tests.compat.conftest import BUNDLE_CACHE
+from tests.conftest import BUNDLE_CACHE
 from tests.docker_engine import PrivateDockerd
 from tests.runtime.helpers import short_tmpdir
 
