@@ -318,4 +318,3 @@ def _served_within(folder: Path, since: float) -> bool:
         return folder.stat().st_mtime >= since
     except OSError:
         return False
-
