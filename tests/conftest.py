@@ -54,14 +54,13 @@ REGISTRY_BIN = "/usr/bin/docker-registry"
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Bundles of earlier code versions leave the shared cache once no run has served them
-    for a day (``prune_shared``); as root only, where every process's mounts can be read."""
-    if os.geteuid() == 0 and BUNDLE_CACHE.is_dir():
-        from sandlot.runtime.execd_bundle import prune_shared
+    for a day (``prune_shared``)."""
+    from sandlot.runtime.execd_bundle import prune_shared
 
-        try:
-            prune_shared(BUNDLE_CACHE)
-        except Exception as exc:  # noqa: BLE001 - a cache left as it was fails no test
-            warnings.warn(f"the test bundle cache was not pruned: {exc}", stacklevel=1)
+    try:
+        prune_shared(BUNDLE_CACHE)
+    except Exception as exc:  # noqa: BLE001 - a cache left as it was fails no test
+        warnings.warn(f"the test bundle cache was not pruned: {exc}", stacklevel=1)
 
 
 @pytest.fixture(scope="session")

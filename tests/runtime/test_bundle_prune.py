@@ -76,6 +76,20 @@ def test_only_bundles_nothing_needs_are_removed(users: Path) -> None:
         cache / MOUNTED, cache / EXECUTED}
 
 
+def test_a_caller_that_is_not_root_keeps_every_bundle(
+        users: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not as root, ``used_on_host`` cannot read other users' processes (run as ``nobody``,
+    the scan found none of these used, the mounted and the running one included), so it
+    reports every bundle used and a prune removes nothing; root finds only the mounted and
+    the running one."""
+    asked = [users / MOUNTED, users / EXECUTED, users / OLD]
+    assert bundle_prune.used_on_host(asked) == {users / MOUNTED, users / EXECUTED}
+    monkeypatch.setattr(bundle_prune.os, "geteuid", lambda: 65534)
+    assert bundle_prune.used_on_host(asked) == set(asked)
+    assert bundle_prune.prune_unused(users, (), lambda: []) == []
+    assert (users / OLD).is_dir() and (users / OLD_BASE).is_dir()
+
+
 def test_a_shared_cache_is_left_alone_and_references_are_asked_only_when_needed(
         users: Path, tmp_path: Path) -> None:
     shared = tmp_path / "shared-link"

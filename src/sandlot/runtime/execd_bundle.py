@@ -300,7 +300,7 @@ def prune_shared(cache_root: Path, idle_seconds: float = SHARED_IDLE_SECONDS) ->
     served them for ``idle_seconds`` and nothing on the host uses them; the current code's
     bundle and base are kept. Only for caches whose data dirs are all temporary: a stopped
     sandbox there lives no longer than the run that made it, which the idle time covers.
-    The removed paths."""
+    Not as root, it removes nothing (``bundle_prune.used_on_host``). The removed paths."""
     cache_root = cache_root.resolve()
     if not cache_root.is_dir():
         return []
