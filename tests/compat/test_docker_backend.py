@@ -24,13 +24,12 @@ from websockets.sync.client import connect
 
 from sandlot.runtime.docker.container import container_name
 from tests.compat.conftest import (
-    BUNDLE_CACHE,
     COMPAT_IMAGE,
     RAW_CREATE_BODY,
     SandlotServer,
     wait_state,
 )
-from tests.conftest import free_port
+from tests.conftest import BUNDLE_CACHE, free_port
 from tests.docker_engine import PrivateDockerd
 from tests.execd.test_pty import stdin
 from tests.security.running import EXECD_PORT
